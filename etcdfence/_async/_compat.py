@@ -1,0 +1,167 @@
+"""The few real differences between the asyncio and the threaded implementation.
+
+Everything else in ``etcdfence/_async`` is written once and turned into
+``etcdfence/_sync`` by ``tools/async_to_sync.py``; this module (and its
+hand-written twin ``_sync/_compat.py``) is the only place where the two differ:
+events, queues, sleeping, background work, gRPC channels and bidirectional
+streams, and how a leader's ``work`` is run and stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+T = TypeVar("T")
+
+Event = asyncio.Event
+Lock = asyncio.Lock
+Queue = asyncio.Queue
+Channel = grpc.aio.Channel
+monotonic = time.monotonic
+IS_ASYNC = True
+
+
+async def sleep(seconds: float) -> None:
+    await asyncio.sleep(max(0.0, seconds))
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set or ``timeout`` passes; return whether it is set."""
+    if event.is_set():
+        return True
+    if timeout is not None and timeout <= 0:
+        return False
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        return event.is_set()
+    return True
+
+
+async def queue_get(queue: asyncio.Queue[T], timeout: float | None) -> T:
+    """Next item of ``queue``; raises :class:`TimeoutError` after ``timeout``."""
+    if timeout is None:
+        return await queue.get()
+    if timeout <= 0:
+        try:
+            return queue.get_nowait()
+        except asyncio.QueueEmpty:
+            raise TimeoutError from None
+    try:
+        return await asyncio.wait_for(queue.get(), timeout)
+    except asyncio.TimeoutError:
+        raise TimeoutError from None
+
+
+def queue_put(queue: asyncio.Queue[T], item: T) -> None:
+    """Put without blocking (queues here are unbounded)."""
+    queue.put_nowait(item)
+
+
+class Background:
+    """A piece of background work (an asyncio task; a daemon thread in the sync twin)."""
+
+    def __init__(self, func: Callable[..., Awaitable[Any]], *args: Any, name: str) -> None:
+        self._task = asyncio.get_running_loop().create_task(func(*args), name=name)
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    async def join(self, timeout: float | None = None) -> None:
+        if self._task is asyncio.current_task():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except (asyncio.CancelledError, asyncio.TimeoutError):
+            pass
+        except Exception:  # the task logs its own failures
+            pass
+
+
+def new_channel(
+    target: str, credentials: grpc.ChannelCredentials | None, options: list[tuple[str, Any]]
+) -> grpc.aio.Channel:
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, credentials, options=options)
+
+
+async def close_channel(channel: grpc.aio.Channel) -> None:
+    await channel.close()
+
+
+def unary(channel: grpc.aio.Channel, path: str, request_cls: Any, response_cls: Any) -> Any:
+    return channel.unary_unary(
+        path,
+        request_serializer=request_cls.SerializeToString,
+        response_deserializer=response_cls.FromString,
+    )
+
+
+class Stream:
+    """A bidirectional gRPC stream: ``write`` requests, ``read`` responses, ``cancel``.
+
+    ``read`` returns ``None`` when the server ended the stream cleanly and raises
+    ``grpc.RpcError`` when it broke.
+    """
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        path: str,
+        request_cls: Any,
+        response_cls: Any,
+        metadata: tuple[tuple[str, str], ...] | None,
+    ) -> None:
+        method = channel.stream_stream(
+            path,
+            request_serializer=request_cls.SerializeToString,
+            response_deserializer=response_cls.FromString,
+        )
+        self._call = method(metadata=metadata)
+
+    async def write(self, request: Any) -> None:
+        await self._call.write(request)
+
+    async def read(self) -> Any:
+        response = await self._call.read()
+        if response is grpc.aio.EOF:
+            return None
+        return response
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+async def run_term(
+    work: Callable[[Any, asyncio.Event], Awaitable[Any]], token: Any, stop: asyncio.Event
+) -> bool:
+    """Run a leader's ``work(token, stop)`` until it returns or ``stop`` is set.
+
+    The coroutine is cancelled the moment ``stop`` is set. Returns ``True`` if the
+    work finished on its own.
+    """
+    task = asyncio.get_running_loop().create_task(work(token, stop))
+    stopper = asyncio.get_running_loop().create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task in done:
+        task.result()  # re-raise the work's exception
+        return True
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    return False

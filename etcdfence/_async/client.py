@@ -1,0 +1,211 @@
+"""The asyncio client: KV helpers, watches, sessions, leaders and fence guards."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .._keys import DEFAULT_FENCE_PREFIX, contender_prefix, prefix_range_end, to_bytes, to_key, validate_name
+from .._txn import range_request
+from .._wire import messages as m
+from ..errors import InvalidArgument, InvalidType
+from ..types import KeyValue, Leader
+from .connection import AsyncConnection
+from .guard import AsyncFenceGuard
+from .observe import observe_leader
+from .session import AsyncSession
+from .watch import AsyncWatch
+
+
+class AsyncClient:
+    """An asyncio connection to an etcd cluster. Create one per process and share it.
+
+    ``endpoints`` is one endpoint, a comma-separated string or a list
+    (``http://h:p``, ``https://h:p`` or ``h:p``); calls fail over to the next
+    endpoint when one is down. ``timeout`` bounds every call. For TLS pass
+    ``ca_file`` (and ``cert_file``/``key_file`` for client certificates;
+    ``server_name`` overrides the name checked in the server certificate); for
+    password auth pass ``username``/``password`` — the token is refreshed
+    automatically when it expires.
+
+    Use ``async with AsyncClient(...) as client`` or call :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | list[str] | tuple[str, ...] = "http://127.0.0.1:2379",
+        *,
+        timeout: float = 5.0,
+        username: str | None = None,
+        password: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        server_name: str | None = None,
+    ) -> None:
+        self._conn = AsyncConnection(
+            endpoints,
+            timeout=timeout,
+            username=username,
+            password=password,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            server_name=server_name,
+        )
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The endpoints this client uses, normalised (``http://host:port``)."""
+        return [str(e) for e in self._conn.endpoints]
+
+    @property
+    def timeout(self) -> float:
+        """Default per-call timeout in seconds."""
+        return self._conn.timeout
+
+    # -- plain KV ------------------------------------------------------------------
+
+    async def put(
+        self, key: str | bytes, value: str | bytes, *, lease_id: int = 0, timeout: float | None = None
+    ) -> int:
+        """Write ``key`` unconditionally and return the header revision of the write.
+
+        Use it for data that needs no fencing; protected data goes through
+        :meth:`fence`.
+        """
+        request = m.PutRequest(key=to_key(key), value=to_bytes(value, "value"), lease=_lease(lease_id))
+        response = await self._conn.call("Put", request, timeout=timeout)
+        revision: int = response.header.revision
+        return revision
+
+    async def get(self, key: str | bytes, *, timeout: float | None = None) -> KeyValue | None:
+        """Read one key (linearizable); ``None`` if it does not exist."""
+        response = await self._conn.call(
+            "Range", range_request(to_key(key)), timeout=timeout, idempotent=True
+        )
+        return KeyValue.from_wire(response.kvs[0]) if response.kvs else None
+
+    async def get_prefix(self, prefix: str | bytes, *, timeout: float | None = None) -> list[KeyValue]:
+        """Read every key that starts with ``prefix``, in key order."""
+        response = await self._conn.call(
+            "Range", range_request(to_key(prefix), prefix=True), timeout=timeout, idempotent=True
+        )
+        return [KeyValue.from_wire(kv) for kv in response.kvs]
+
+    async def delete(self, key: str | bytes, *, prefix: bool = False, timeout: float | None = None) -> int:
+        """Delete a key (or every key under a prefix); returns the header revision."""
+        raw = to_key(key)
+        request = m.DeleteRangeRequest(key=raw, range_end=prefix_range_end(raw) if prefix else b"")
+        response = await self._conn.call("DeleteRange", request, timeout=timeout)
+        revision: int = response.header.revision
+        return revision
+
+    async def revision(self, *, timeout: float | None = None) -> int:
+        """The cluster's current revision (a linearizable read)."""
+        response = await self._conn.call(
+            "Range", range_request(b"\x00", count_only=True), timeout=timeout, idempotent=True
+        )
+        revision: int = response.header.revision
+        return revision
+
+    async def compact(self, revision: int, *, physical: bool = True) -> None:
+        """Discard history before ``revision`` (what operators' auto-compaction does)."""
+        await self._conn.call("Compact", m.CompactionRequest(revision=revision, physical=physical))
+
+    async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Status of the endpoint in use: version, leader member id, db size, revision."""
+        response = await self._conn.call("Status", m.StatusRequest(), timeout=timeout, idempotent=True)
+        return {
+            "endpoint": str(self._conn.endpoint),
+            "version": response.version,
+            "member_id": response.header.member_id,
+            "leader": response.leader,
+            "revision": response.header.revision,
+            "raft_term": response.raftTerm,
+            "db_size": response.dbSize,
+        }
+
+    async def txn_raw(self, request: Any, *, timeout: float | None = None) -> Any:
+        """Send a wire-level ``TxnRequest`` (``etcdfence._wire.messages``) as is.
+
+        For advanced use and tests; the outcome of a failed txn is reported as
+        unknown, never resent.
+        """
+        return await self._conn.call("Txn", request, timeout=timeout)
+
+    def watch(
+        self,
+        key: str | bytes,
+        *,
+        prefix: bool = False,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+    ) -> AsyncWatch:
+        """Watch a key or prefix from ``start_revision`` (0: from now).
+
+        Use ``async with client.watch(k) as w: async for batch in w: ...``. The
+        watch resumes on another endpoint after a broken stream without losing or
+        repeating events, and raises :class:`CompactedError` if etcd no longer
+        has the history it needs.
+        """
+        raw = to_key(key)
+        return AsyncWatch(
+            self._conn,
+            raw,
+            range_end=prefix_range_end(raw) if prefix else b"",
+            start_revision=start_revision,
+            prev_kv=prev_kv,
+        )
+
+    # -- coordination --------------------------------------------------------------
+
+    def session(self, ttl: int = 60, *, margin: float | None = None) -> AsyncSession:
+        """A lease-backed session for locks and elections (granted on ``async with``
+        or first use). One session serves any number of locks and elections."""
+        return AsyncSession(self, ttl, margin=margin)
+
+    async def leader(self, name: str, *, timeout: float | None = None) -> Leader | None:
+        """The current leader of election ``name`` (no session needed), or ``None``."""
+        prefix = contender_prefix(validate_name(name)).encode("utf-8")
+        response = await self._conn.call(
+            "Range", range_request(prefix, prefix=True, first_created=True), timeout=timeout,
+            idempotent=True,
+        )
+        if not response.kvs:
+            return None
+        return Leader.from_kv(name, response.kvs[0], response.header.revision)
+
+    def observe(self, name: str) -> AsyncIterator[Leader | None]:
+        """Yield the leader of ``name`` now and at every change (new leader, new
+        proclaimed value, no leader). Survives compaction and broken streams."""
+        return observe_leader(self._conn, validate_name(name))
+
+    def fence(
+        self, resource: str, *, prefix: str = DEFAULT_FENCE_PREFIX, require_owner: bool = False
+    ) -> AsyncFenceGuard:
+        """The guard that protects ``resource`` with a fencing high-water mark in etcd."""
+        return AsyncFenceGuard(self, resource, prefix=prefix, require_owner=require_owner)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close every channel. Sessions should be closed first (they revoke leases)."""
+        await self._conn.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.endpoints!r})"
+
+
+def _lease(lease_id: object) -> int:
+    if isinstance(lease_id, bool) or not isinstance(lease_id, int):
+        raise InvalidType(f"lease_id must be int, got {type(lease_id).__name__}")
+    if lease_id < 0:
+        raise InvalidArgument(f"lease_id must be >= 0, got {lease_id}")
+    return lease_id

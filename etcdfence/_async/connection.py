@@ -1,0 +1,251 @@
+"""Channels, failover, authentication and retries for one client.
+
+A :class:`AsyncConnection` holds one gRPC channel per endpoint (created lazily)
+and a pointer to the endpoint in use. Every unary call goes through
+:meth:`AsyncConnection.call`, the single place where gRPC errors are translated
+(``etcdfence._wire.errors``) and where retries are decided:
+
+* a call that never reached a server (connection refused, no route) is retried
+  on the next endpoint, reads and writes alike;
+* an idempotent call (reads, the lease-keyed acquire txn, guarded deletes,
+  keepalive) is retried with tenacity until the timeout;
+* a write whose outcome is unknown is never resent: it raises
+  :class:`EtcdUnavailable` and the caller resolves it by re-reading;
+* an expired auth token is refreshed and the call repeated (etcd rejected it
+  before applying anything).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from .._endpoints import Endpoint, parse_endpoints
+from .._wire import messages as m
+from .._wire.errors import is_invalid_token, never_sent, translate
+from ..errors import EtcdfenceError, EtcdUnavailable, InvalidArgument, InvalidType, TLSError
+from . import _compat
+
+#: etcd's default --max-request-bytes is 1.5 MiB; allow large responses (ranges).
+_MAX_RECEIVE = 64 * 1024 * 1024
+
+
+class _Retry(Exception):
+    """Internal: the attempt failed in a way that is safe to repeat."""
+
+    def __init__(self, error: EtcdfenceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _read_file(path: str | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read {what} {path!r}: {exc.strerror}") from None
+
+
+class AsyncConnection:
+    """Endpoint list, channels and the call path shared by a client's operations."""
+
+    def __init__(
+        self,
+        endpoints: str | list[str] | tuple[str, ...],
+        *,
+        timeout: float,
+        username: str | None,
+        password: str | None,
+        ca_file: str | None,
+        cert_file: str | None,
+        key_file: str | None,
+        server_name: str | None,
+    ) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if (username is None) != (password is None):
+            raise InvalidArgument("username and password must be given together")
+        if username is not None and (not isinstance(username, str) or not username):
+            raise InvalidType("username must be a non-empty str")
+        if (cert_file is None) != (key_file is None):
+            raise InvalidArgument("cert_file and key_file must be given together")
+        self.endpoints: list[Endpoint] = parse_endpoints(endpoints)
+        self.timeout = float(timeout)
+        self._username = username
+        self._password = password
+        tls = self.endpoints[0].tls or ca_file is not None or cert_file is not None
+        self._credentials = (
+            grpc.ssl_channel_credentials(
+                root_certificates=_read_file(ca_file, "CA file"),
+                private_key=_read_file(key_file, "key file"),
+                certificate_chain=_read_file(cert_file, "certificate file"),
+            )
+            if tls
+            else None
+        )
+        self._options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", _MAX_RECEIVE),
+            # etcd refuses pings more often than every 5 s (--grpc-keepalive-min-time)
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.enable_retries", 0),
+        ]
+        if server_name:
+            self._options.append(("grpc.ssl_target_name_override", server_name))
+        self._channels: dict[int, Any] = {}
+        self._stubs: dict[tuple[int, str], Any] = {}
+        self._current = 0
+        self._token: str | None = None
+        self._auth_lock = _compat.Lock()
+        self._closed = False
+
+    # -- channels ------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The endpoint calls go to now."""
+        return self.endpoints[self._current]
+
+    def _channel(self, index: int) -> Any:
+        channel = self._channels.get(index)
+        if channel is None:
+            if self._closed:
+                raise EtcdUnavailable("the client is closed")
+            target = self.endpoints[index].target
+            channel = _compat.new_channel(target, self._credentials, self._options)
+            self._channels[index] = channel
+        return channel
+
+    def _stub(self, index: int, method: str) -> Any:
+        stub = self._stubs.get((index, method))
+        if stub is None:
+            path, req_cls, resp_cls = m.METHODS[method]
+            stub = _compat.unary(self._channel(index), path, req_cls, resp_cls)
+            self._stubs[(index, method)] = stub
+        return stub
+
+    def rotate(self, failed: int | None = None) -> None:
+        """Move to the next endpoint (if ``failed`` is still the current one)."""
+        if failed is None or failed == self._current:
+            self._current = (self._current + 1) % len(self.endpoints)
+
+    async def close(self) -> None:
+        self._closed = True
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            await _compat.close_channel(channel)
+
+    # -- authentication --------------------------------------------------------
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return None if self._token is None else (("token", self._token),)
+
+    async def _authenticate(self, stale: str | None) -> None:
+        """Get a fresh auth token (once, even if many callers found it stale)."""
+        if self._username is None:
+            return
+        async with self._auth_lock:
+            if self._token is not None and self._token != stale:
+                return
+            index = self._current
+            request = m.AuthenticateRequest(name=self._username, password=self._password)
+            try:
+                response = await self._stub(index, "Authenticate")(request, timeout=self.timeout)
+            except grpc.RpcError as err:
+                self.rotate(index)
+                raise translate(err, str(self.endpoints[index]), self.timeout) from None
+            self._token = response.token
+
+    # -- calls -------------------------------------------------------------------
+
+    async def call(
+        self, method: str, request: Any, *, timeout: float | None = None, idempotent: bool = False
+    ) -> Any:
+        """Send one unary request; see the module docstring for the retry rules."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = _compat.monotonic() + timeout
+        try:
+            return await self._attempt(method, request, deadline, idempotent)
+        except _Retry as first:
+            last: EtcdfenceError = first.error
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_delay(max(0.0, deadline - _compat.monotonic())),
+                wait=wait_exponential(multiplier=0.05, max=1.0),
+                retry=retry_if_exception_type(_Retry),
+                reraise=True,
+            ):
+                with attempt:
+                    return await self._attempt(method, request, deadline, idempotent)
+        except _Retry as retry:
+            last = retry.error
+        raise last
+
+    async def _attempt(self, method: str, request: Any, deadline: float, idempotent: bool) -> Any:
+        remaining = deadline - _compat.monotonic()
+        index = self._current
+        if remaining <= 0:
+            raise EtcdUnavailable(
+                f"no etcd endpoint answered within {self.timeout}s "
+                f"(tried {', '.join(map(str, self.endpoints))})"
+            )
+        if self._username is not None and self._token is None:
+            await self._authenticate(None)
+        token = self._token
+        try:
+            return await self._stub(index, method)(
+                request, timeout=remaining, metadata=self.metadata()
+            )
+        except grpc.RpcError as err:
+            error = translate(err, str(self.endpoints[index]), self.timeout)
+            if is_invalid_token(err) and self._username is not None:
+                await self._authenticate(token)
+                raise _Retry(error) from None
+            if isinstance(error, TLSError):
+                raise error from None
+            if isinstance(error, EtcdUnavailable):
+                self.rotate(index)
+                if idempotent or never_sent(err):
+                    raise _Retry(error) from None
+                raise EtcdUnavailable(
+                    f"{error} — the {method} may or may not have been applied; "
+                    "re-read before retrying"
+                ) from None
+            raise error from None
+
+    async def open_stream(self, name: str) -> _compat.Stream:
+        """Open a bidirectional stream (``LeaseKeepAlive`` or ``Watch``) on the current
+        endpoint. The caller reopens it after :meth:`stream_failed` when it breaks."""
+        if self._username is not None and self._token is None:
+            await self._authenticate(None)
+        path, req_cls, resp_cls = m.STREAMS[name]
+        return _compat.Stream(self._channel(self._current), path, req_cls, resp_cls, self.metadata())
+
+    async def stream_failed(self, err: BaseException) -> EtcdfenceError:
+        """Bookkeeping after a stream broke: re-authenticate or fail over; returns the
+        translated error for logging."""
+        if isinstance(err, grpc.RpcError):
+            if is_invalid_token(err) and self._username is not None:
+                try:
+                    await self._authenticate(self._token)
+                except EtcdfenceError as auth_err:
+                    return auth_err
+            error = translate(err, str(self.endpoint), self.timeout)
+            if isinstance(error, EtcdUnavailable):
+                self.rotate()
+            return error
+        if isinstance(err, EtcdfenceError):
+            return err
+        return EtcdUnavailable(f"stream to {self.endpoint} broke: {err!r}")

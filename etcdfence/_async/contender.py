@@ -1,0 +1,188 @@
+"""What locks and elections share: queueing by create revision behind one key.
+
+The protocol is etcd's own (Go ``concurrency.Mutex``/``Election``, etcdctl):
+
+1. One txn puts ``name/<lease hex>`` if it does not exist and reads the
+   first-created key under ``name/``. If that is ours, we own it, and the txn's
+   header revision is the fencing token.
+2. Otherwise wait for the key immediately ahead of ours (highest create
+   revision below ours) to be deleted — one watch, no thundering herd — and
+   repeat until no key is ahead.
+3. Re-read our own key and the owner in one read-only txn. If our key is gone
+   the session expired while queued: raise :class:`SessionExpired` (Go's
+   ``Election.Campaign`` misses this and can report a phantom leadership). The
+   read's header revision is the token.
+
+Giving up (timeout, cancellation, error) deletes our key, guarded by its create
+revision so a late delete never removes a newer incarnation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import _txn
+from .._keys import contender_key, contender_prefix, validate_name
+from ..errors import AcquireTimeout, EtcdfenceError, SessionExpired
+from ..token import FencingToken
+from . import _compat
+from .watch import AsyncWatch
+
+if TYPE_CHECKING:
+    from .session import AsyncSession
+
+
+class AsyncContender:
+    """Base of :class:`AsyncLock` and :class:`AsyncElection`."""
+
+    _kind = "contender"
+
+    def __init__(self, session: AsyncSession, name: str) -> None:
+        self.name = validate_name(name)
+        self._session = session
+        self._conn = session.client._conn
+        self._prefix = contender_prefix(self.name).encode("utf-8")
+        self._create_revision = 0
+        self._token: FencingToken | None = None
+
+    @property
+    def session(self) -> AsyncSession:
+        return self._session
+
+    @property
+    def key(self) -> str:
+        """This contender's key, ``name/<lease hex>``."""
+        return contender_key(self.name, self._session.lease_id)
+
+    @property
+    def token(self) -> FencingToken | None:
+        """The token of the current hold/term, ``None`` when not held."""
+        return self._token
+
+    async def _contend(self, value: bytes, timeout: float | None) -> FencingToken:
+        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+            raise ValueError(f"timeout must be None or >= 0, got {timeout!r}")
+        deadline = None if timeout is None else _compat.monotonic() + timeout
+        lease_id = await self._session._ensure_open()
+        my_key = contender_key(self.name, lease_id).encode("utf-8")
+        response = await self._conn.call(
+            "Txn", _txn.acquire_txn(my_key, value, lease_id, self._prefix), idempotent=True
+        )
+        if response.succeeded:
+            my_rev = response.header.revision
+        else:
+            mine = response.responses[0].response_range.kvs
+            if not mine:  # cannot happen within one txn; be explicit rather than guess
+                raise SessionExpired(f"{self._kind} key {my_key!r} vanished during acquire")
+            my_rev = mine[0].create_revision
+            if mine[0].value != value:
+                await self._conn.call(
+                    "Txn", _txn.guarded_put(my_key, value, lease_id, my_rev), idempotent=True
+                )
+        self._create_revision = my_rev
+        owner = response.responses[1].response_range.kvs
+        if owner and owner[0].create_revision == my_rev:
+            return self._won(response.header.revision, my_key, my_rev, lease_id)
+        try:
+            while True:
+                await self._wait_for_turn(my_rev, deadline)
+                read = await self._conn.call(
+                    "Txn", _txn.ownership_read(my_key, self._prefix), idempotent=True
+                )
+                mine = read.responses[0].response_range.kvs
+                if not mine or mine[0].create_revision != my_rev:
+                    raise SessionExpired(
+                        f"{self._kind} key {my_key.decode()} is gone: the session expired while "
+                        "waiting, so no ownership is granted"
+                    )
+                owner = read.responses[1].response_range.kvs
+                if owner and owner[0].create_revision == my_rev:
+                    return self._won(read.header.revision, my_key, my_rev, lease_id)
+        except BaseException:
+            await self._abandon(my_key, my_rev)
+            raise
+
+    def _won(self, revision: int, key: bytes, create_revision: int, lease_id: int) -> FencingToken:
+        self._session.check()
+        self._token = FencingToken(
+            revision, key=key.decode("utf-8"), create_revision=create_revision, lease_id=lease_id
+        )
+        return self._token
+
+    async def _wait_for_turn(self, my_rev: int, deadline: float | None) -> None:
+        """Return once no key with a lower create revision is left under the prefix."""
+        while True:
+            self._session.check()
+            ahead = await self._conn.call(
+                "Range",
+                _txn.range_request(self._prefix, prefix=True, last_created_below=my_rev),
+                idempotent=True,
+            )
+            if not ahead.kvs:
+                return
+            watch = AsyncWatch(
+                self._conn, ahead.kvs[0].key, start_revision=ahead.header.revision + 1
+            )
+            self._session._waiters.append(watch)
+            try:
+                await watch.start()
+                self._session.check()
+                deleted = False
+                while not deleted:
+                    remaining = None if deadline is None else deadline - _compat.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise AcquireTimeout(f"{self._kind} {self.name!r} not acquired in time")
+                    try:
+                        batch = await watch.get(remaining)
+                    except TimeoutError:
+                        raise AcquireTimeout(
+                            f"{self._kind} {self.name!r} not acquired in time"
+                        ) from None
+                    deleted = any(ev.type == "delete" for ev in batch.events)
+            finally:
+                self._session._waiters.remove(watch)
+                await watch.close()
+
+    async def _abandon(self, my_key: bytes, my_rev: int) -> None:
+        """Delete our queued key (guarded) after giving up; never masks the cause."""
+        self._token = None
+        self._create_revision = 0
+        try:
+            await self._conn.call("Txn", _txn.guarded_delete(my_key, my_rev), idempotent=True)
+        except EtcdfenceError:
+            pass  # the lease expiry removes it anyway
+
+    async def _give_up(self) -> bool:
+        """Delete our key if it is still the incarnation we created; True if it was."""
+        rev = self._create_revision
+        token = self._token
+        self._token = None
+        self._create_revision = 0
+        if not rev or token is None or token.key is None:
+            return False
+        response = await self._conn.call(
+            "Txn", _txn.guarded_delete(token.key.encode("utf-8"), rev), idempotent=True
+        )
+        return bool(response.succeeded)
+
+    async def _holds(self) -> bool:
+        """Ask etcd whether our key exists with our create revision and is first."""
+        token = self._token
+        if token is None or token.key is None or self._session.expired:
+            return False
+        read = await self._conn.call(
+            "Txn", _txn.ownership_read(token.key.encode("utf-8"), self._prefix), idempotent=True
+        )
+        mine = read.responses[0].response_range.kvs
+        owner = read.responses[1].response_range.kvs
+        return bool(
+            mine
+            and mine[0].create_revision == self._create_revision
+            and owner
+            and owner[0].create_revision == self._create_revision
+            and not self._session.expired
+        )
+
+    def __repr__(self) -> str:
+        held = "held" if self._token is not None else "not held"
+        return f"<{type(self).__name__} {self.name!r} {held}>"

@@ -1,0 +1,81 @@
+"""Follow who leads an election, change by change."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+
+from .. import metrics
+from .._keys import contender_prefix, prefix_range_end
+from .._txn import range_request
+from ..errors import CompactedError
+from ..types import KeyValue, Leader
+from .connection import AsyncConnection
+from .watch import AsyncWatch
+
+log = structlog.get_logger("etcdfence")
+
+
+def _leader_of(name: str, contenders: dict[bytes, Any], revision: int) -> Leader | None:
+    if not contenders:
+        return None
+    first = min(contenders.values(), key=lambda kv: kv.create_revision)
+    return Leader(
+        name=name,
+        key=first.key.decode("utf-8", "replace"),
+        value=first.value,
+        create_revision=first.create_revision,
+        lease_id=first.lease_id,
+        revision=revision,
+    )
+
+
+def _changed(old: Leader | None, new: Leader | None) -> bool:
+    if old is None or new is None:
+        return old is not new
+    return (old.key, old.create_revision, old.value) != (new.key, new.create_revision, new.value)
+
+
+async def observe_leader(conn: AsyncConnection, name: str) -> AsyncIterator[Leader | None]:
+    """Yield the current leader, then every change: a new leader, a new value, or
+    ``None`` when nobody leads.
+
+    Keeps the full contender set of ``name/`` from one range plus one prefix
+    watch. If the watch falls behind a compaction, the set is re-read and
+    observation continues — a change can be coalesced, but never missed silently
+    and the iterator never ends by itself.
+    """
+    prefix = contender_prefix(name).encode("utf-8")
+    last: Leader | None = None
+    first = True
+    while True:
+        response = await conn.call("Range", range_request(prefix, prefix=True), idempotent=True)
+        contenders = {kv.key: KeyValue.from_wire(kv) for kv in response.kvs}
+        current = _leader_of(name, contenders, response.header.revision)
+        if first or _changed(last, current):
+            first = False
+            last = current
+            metrics.leader_changed(name, None if current is None else current.key)
+            yield current
+        watch = AsyncWatch(
+            conn, prefix, range_end=prefix_range_end(prefix), start_revision=response.header.revision + 1
+        )
+        await watch.start()
+        try:
+            async for batch in watch:
+                for event in batch.events:
+                    if event.type == "delete":
+                        contenders.pop(event.kv.key, None)
+                    else:
+                        contenders[event.kv.key] = event.kv
+                current = _leader_of(name, contenders, batch.revision)
+                if _changed(last, current):
+                    last = current
+                    metrics.leader_changed(name, None if current is None else current.key)
+                    yield current
+        except CompactedError as err:
+            log.info("etcdfence.observe_resync", election=name, error=str(err))
+        finally:
+            await watch.close()

@@ -1,0 +1,321 @@
+"""Sessions: one lease, one keepalive stream, a local deadline, many locks/elections."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from .. import metrics
+from .._wire import messages as m
+from ..errors import EtcdfenceError, InvalidArgument, InvalidType, LeaseNotFound, SessionExpired
+from . import _compat
+from .election import AsyncElection
+from .lock import AsyncLock
+
+if TYPE_CHECKING:
+    from .client import AsyncClient
+    from .watch import AsyncWatch
+
+log = structlog.get_logger("etcdfence")
+
+
+def default_margin(ttl: int) -> float:
+    """Safety margin subtracted from the lease TTL for the local deadline.
+
+    10 % of the TTL, at least 0.2 s, at most 5 s: enough to absorb clock-rate
+    differences and scheduling delays between this process and the etcd leader.
+    """
+    return min(5.0, max(0.2, ttl * 0.1))
+
+
+class AsyncSession:
+    """A lease kept alive on one stream; the lifetime of every lock and
+    leadership acquired through it.
+
+    The session keeps a *local deadline*: the send time of the last keepalive
+    etcd acknowledged, plus the granted TTL, minus a safety margin. The server
+    cannot expire the lease before that moment, so when the deadline passes —
+    because the network is cut, etcd has no quorum, or this process was frozen —
+    the session declares itself expired *before* anyone else can take over:
+    ``expired`` turns true, ``on_expired`` callbacks run once, waiting acquires
+    raise :class:`SessionExpired`, and so does every later operation.
+
+    Get one from :meth:`AsyncClient.session` and use ``async with``; ``aclose()``
+    revokes the lease (locks are released at once), ``orphan()`` stops the
+    keepalive but leaves the lease to run out.
+    """
+
+    def __init__(self, client: AsyncClient, ttl: int = 60, *, margin: float | None = None) -> None:
+        if isinstance(ttl, bool) or not isinstance(ttl, int):
+            raise InvalidType(f"ttl must be an int number of seconds, got {type(ttl).__name__}")
+        if ttl < 1:
+            raise InvalidArgument(f"ttl must be at least 1 second, got {ttl}")
+        if margin is not None and (isinstance(margin, bool) or not 0 <= margin < ttl):
+            raise InvalidArgument(f"margin must be >= 0 and < ttl ({ttl}), got {margin!r}")
+        self._client = client
+        self._conn = client._conn
+        self._requested_ttl = ttl
+        self._ttl = ttl
+        self._margin = default_margin(ttl) if margin is None else float(margin)
+        self._lease_id: int | None = None
+        self._deadline = 0.0
+        self._expired = _compat.Event()
+        self._stopping = _compat.Event()  # stop the keepalive
+        self._closing = _compat.Event()  # stop everything (close or expiry)
+        self._expiry_reason: str | None = None
+        self._callbacks: list[Callable[[], Any]] = []
+        self._waiters: list[AsyncWatch] = []
+        self._contenders: dict[str, AsyncLock | AsyncElection] = {}
+        self._open_lock = _compat.Lock()
+        self._state_lock = threading.Lock()  # guards expiry in the threaded twin too
+        self._workers: list[_compat.Background] = []
+        self._stream: _compat.Stream | None = None
+        self.keepalives_sent = 0
+
+    # -- properties ------------------------------------------------------------------
+
+    @property
+    def lease_id(self) -> int:
+        """The lease id (after the session was opened)."""
+        if self._lease_id is None:
+            raise SessionExpired("the session is not open yet: use it in a with block or open() it")
+        return self._lease_id
+
+    @property
+    def ttl(self) -> int:
+        """The TTL etcd granted, in seconds."""
+        return self._ttl
+
+    @property
+    def margin(self) -> float:
+        """Seconds subtracted from the TTL for the local deadline."""
+        return self._margin
+
+    @property
+    def expired(self) -> bool:
+        """True once the lease is lost, the local deadline passed, or the session closed."""
+        return self._expired.is_set()
+
+    @property
+    def deadline(self) -> float:
+        """``time.monotonic()`` value at which the session expires unless renewed."""
+        return self._deadline
+
+    @property
+    def client(self) -> AsyncClient:
+        return self._client
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def open(self) -> AsyncSession:
+        """Grant the lease and start the keepalive (done implicitly on first use)."""
+        async with self._open_lock:
+            if self._lease_id is not None:
+                return self
+            if self._expired.is_set():
+                raise SessionExpired("the session was closed")
+            sent = _compat.monotonic()
+            response = await self._conn.call("LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl))
+            if response.error:
+                raise EtcdfenceError(f"etcd refused the lease: {response.error}")
+            self._ttl = int(response.TTL)
+            self._deadline = sent + self._ttl - self._margin
+            self._lease_id = int(response.ID)
+            self._workers.append(
+                _compat.Background(self._keepalive, name=f"etcdfence-keepalive-{self._lease_id:x}")
+            )
+            self._workers.append(
+                _compat.Background(self._watchdog, name=f"etcdfence-deadline-{self._lease_id:x}")
+            )
+            log.debug("etcdfence.session_opened", lease_id=f"{self._lease_id:x}", ttl=self._ttl)
+            return self
+
+    async def _ensure_open(self) -> int:
+        if self._lease_id is None:
+            await self.open()
+        self.check()
+        return self.lease_id
+
+    def check(self) -> None:
+        """Raise :class:`SessionExpired` if the session can no longer be used."""
+        if self._expired.is_set():
+            raise SessionExpired(f"session expired: {self._expiry_reason}")
+        if self._lease_id is not None and _compat.monotonic() >= self._deadline:
+            self._expire("local deadline passed")
+            raise SessionExpired(f"session expired: {self._expiry_reason}")
+
+    async def aclose(self) -> None:
+        """Revoke the lease (releasing every lock and leadership at once) and stop."""
+        lease_id = self._lease_id
+        was_expired = self._expired.is_set()
+        await self._stop_workers()
+        self._mark_expired("session closed", notify=False)
+        if lease_id is not None and not was_expired:
+            try:
+                await self._conn.call(
+                    "LeaseRevoke",
+                    m.LeaseRevokeRequest(ID=lease_id),
+                    timeout=min(self._conn.timeout, float(self._ttl)),
+                    idempotent=True,
+                )
+            except LeaseNotFound:
+                pass
+            except EtcdfenceError as err:
+                # The lease runs out by itself within the TTL.
+                log.warning("etcdfence.revoke_failed", lease_id=f"{lease_id:x}", error=str(err))
+
+    async def orphan(self) -> None:
+        """Stop the keepalive without revoking: keys stay until the TTL runs out.
+
+        The local deadline still applies, so ``expired`` turns true in time.
+        """
+        self._stopping.set()
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
+
+    async def _stop_workers(self) -> None:
+        self._stopping.set()
+        self._closing.set()
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
+        for worker in self._workers:
+            worker.cancel()
+        for worker in self._workers:
+            await worker.join(2.0)
+        self._workers.clear()
+
+    async def __aenter__(self) -> AsyncSession:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- expiry -----------------------------------------------------------------------------
+
+    def on_expired(self, callback: Callable[[], Any]) -> None:
+        """Call ``callback()`` once when the session expires (at once if it already has).
+
+        Use it to stop work that must not continue without the lock/leadership.
+        Callbacks run on the session's background task/thread and must be quick.
+        """
+        if self._expired.is_set() and self._expiry_reason != "session closed":
+            callback()
+            return
+        self._callbacks.append(callback)
+
+    async def wait_expired(self, timeout: float | None = None) -> bool:
+        """Block until the session expires; return whether it did within ``timeout``."""
+        return await _compat.wait_event(self._expired, timeout)
+
+    def _mark_expired(self, reason: str, *, notify: bool) -> bool:
+        with self._state_lock:
+            if self._expired.is_set():
+                return False
+            self._expiry_reason = reason
+            self._expired.set()
+            self._stopping.set()
+            self._closing.set()
+            with_callbacks = list(self._callbacks) if notify else []
+            self._callbacks.clear()
+        error = SessionExpired(f"session expired: {reason}")
+        for waiter in list(self._waiters):
+            waiter.interrupt(error)
+        for callback in with_callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("etcdfence.on_expired_callback_failed")
+        return True
+
+    def _expire(self, reason: str) -> None:
+        if self._mark_expired(reason, notify=True) and self._lease_id is not None:
+            metrics.lease_lost(self._lease_id, reason)
+            stream = self._stream
+            if stream is not None:
+                stream.cancel()
+
+    def interrupt_waiters(self, error: BaseException) -> None:
+        """Wake every acquire/campaign waiting on this session with ``error``."""
+        for waiter in list(self._waiters):
+            waiter.interrupt(error)
+
+    # -- background work --------------------------------------------------------------------
+
+    async def _watchdog(self) -> None:
+        while not self._closing.is_set():
+            remaining = self._deadline - _compat.monotonic()
+            if remaining <= 0:
+                self._expire("local deadline passed (no keepalive acknowledged in time)")
+                return
+            if await _compat.wait_event(self._closing, remaining):
+                return
+
+    async def _keepalive(self) -> None:
+        lease_id = self.lease_id
+        interval = max(self._ttl / 3.0, 0.1)
+        request = m.LeaseKeepAliveRequest(ID=lease_id)
+        backoff = 0.05
+        while not self._stopping.is_set():
+            try:
+                stream = await self._conn.open_stream("LeaseKeepAlive")
+                self._stream = stream
+                if self._stopping.is_set():
+                    stream.cancel()
+                    return
+                while not self._stopping.is_set():
+                    sent = _compat.monotonic()
+                    await stream.write(request)
+                    self.keepalives_sent += 1
+                    response = await stream.read()
+                    if response is None:
+                        raise EtcdfenceError("etcd closed the keepalive stream")
+                    if response.TTL <= 0:
+                        self._expire("lease expired or revoked on the server")
+                        return
+                    backoff = 0.05
+                    self._deadline = max(self._deadline, sent + response.TTL - self._margin)
+                    await _compat.wait_event(self._stopping, sent + interval - _compat.monotonic())
+            except (grpc.RpcError, EtcdfenceError) as err:
+                if self._stopping.is_set():
+                    return
+                error = await self._conn.stream_failed(err)
+                log.info("etcdfence.keepalive_retry", lease_id=f"{lease_id:x}", error=str(error))
+                await _compat.wait_event(self._stopping, backoff)
+                backoff = min(backoff * 2, max(0.1, interval / 2))
+            finally:
+                self._stream = None
+
+    # -- locks and elections ----------------------------------------------------------------
+
+    def lock(self, name: str) -> AsyncLock:
+        """The Go/etcdctl-compatible mutex ``name`` held through this session.
+
+        The same name returns the same object: the contender's key is derived from
+        the lease, so two objects would silently be one contender.
+        """
+        return self._contender(name, AsyncLock)
+
+    def election(self, name: str) -> AsyncElection:
+        """The Go/etcdctl-compatible election ``name`` contended through this session."""
+        return self._contender(name, AsyncElection)
+
+    def _contender(self, name: str, kind: Any) -> Any:
+        existing = self._contenders.get(name)
+        if existing is None:
+            existing = kind(self, name)
+            self._contenders[name] = existing
+        elif not isinstance(existing, kind):
+            raise InvalidArgument(
+                f"{name!r} is already used as a {type(existing).__name__} in this session"
+            )
+        return existing
+
+    def __repr__(self) -> str:
+        lease = "unopened" if self._lease_id is None else f"{self._lease_id:x}"
+        return f"<{type(self).__name__} lease={lease} ttl={self._ttl} expired={self.expired}>"

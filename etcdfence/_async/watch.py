@@ -1,0 +1,178 @@
+"""A watch on one key or prefix that survives broken streams.
+
+Used internally by locks (waiting for the key ahead to go), elections
+(``observe``) and the leader elector. Each watch keeps the revision it has
+delivered up to; when the stream breaks (endpoint down, proxy reset, auth token
+expired) it reopens, on the next endpoint if needed, from that revision + 1, so
+no event is lost or repeated. If etcd has compacted the revisions it needs, the
+consumer gets :class:`CompactedError` — never a silent gap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import structlog
+
+from .._wire import messages as m
+from ..errors import AuthError, CompactedError, EtcdfenceError, EtcdUnavailable
+from ..types import KeyValue, WatchBatch, WatchEvent
+from . import _compat
+from .connection import AsyncConnection
+
+log = structlog.get_logger("etcdfence")
+
+_CLOSED = object()
+
+
+def _batch(response: Any) -> WatchBatch:
+    events = tuple(
+        WatchEvent(
+            "delete" if ev.type == m.EventType.DELETE else "put",
+            KeyValue.from_wire(ev.kv),
+            KeyValue.from_wire(ev.prev_kv) if ev.HasField("prev_kv") else None,
+        )
+        for ev in response.events
+    )
+    return WatchBatch(response.header.revision, events)
+
+
+class AsyncWatch:
+    """Iterate :class:`WatchBatch` es for a key (``range_end`` empty) or a range.
+
+    Create it with :meth:`AsyncClient.watch`; ``close()`` it (or use it as a
+    context manager) when done. ``get(timeout)`` waits for the next batch.
+    """
+
+    def __init__(
+        self,
+        conn: AsyncConnection,
+        key: bytes,
+        *,
+        range_end: bytes = b"",
+        start_revision: int = 0,
+        prev_kv: bool = False,
+    ) -> None:
+        self._conn = conn
+        self._key = key
+        self._range_end = range_end
+        self._next_revision = start_revision
+        self._prev_kv = prev_kv
+        self._queue: _compat.Queue[Any] = _compat.Queue()
+        self._closed = False
+        self._stream: _compat.Stream | None = None
+        self._worker: _compat.Background | None = None
+
+    async def start(self) -> AsyncWatch:
+        """Open the stream in the background; events queue up from now on."""
+        if self._worker is None:
+            self._worker = _compat.Background(self._run, name=f"etcdfence-watch-{self._key!r}")
+        return self
+
+    @property
+    def next_revision(self) -> int:
+        """The revision this watch resumes from after a broken stream."""
+        return self._next_revision
+
+    def interrupt(self, error: BaseException) -> None:
+        """Make the consumer's pending or next ``get`` raise ``error``."""
+        _compat.queue_put(self._queue, error)
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while not self._closed:
+            try:
+                stream = await self._conn.open_stream("Watch")
+                self._stream = stream
+                if self._closed:
+                    stream.cancel()
+                    return
+                create = m.WatchCreateRequest(
+                    key=self._key,
+                    range_end=self._range_end,
+                    start_revision=self._next_revision,
+                    prev_kv=self._prev_kv,
+                    progress_notify=True,
+                )
+                await stream.write(m.WatchRequest(create_request=create))
+                while True:
+                    response = await stream.read()
+                    if response is None:
+                        raise EtcdUnavailable("etcd ended the watch stream")
+                    backoff = 0.05
+                    if response.compact_revision:
+                        raise CompactedError(
+                            f"watch on {self._key!r} needs revision {self._next_revision}, "
+                            f"compacted up to {response.compact_revision}",
+                            response.compact_revision,
+                        )
+                    if response.canceled:
+                        reason = response.cancel_reason or "watch canceled by etcd"
+                        if "permission denied" in reason:
+                            raise AuthError(f"watch on {self._key!r} refused: {reason}")
+                        raise EtcdUnavailable(f"watch on {self._key!r} canceled: {reason}")
+                    if response.created:
+                        if self._next_revision == 0:
+                            self._next_revision = response.header.revision + 1
+                        continue
+                    if response.events:
+                        self._next_revision = response.events[-1].kv.mod_revision + 1
+                        _compat.queue_put(self._queue, _batch(response))
+                    else:  # progress notification: everything up to header.revision is delivered
+                        self._next_revision = max(
+                            self._next_revision, response.header.revision + 1
+                        )
+            except (grpc.RpcError, EtcdfenceError) as err:
+                if self._closed:
+                    return
+                if isinstance(err, (CompactedError, AuthError)):
+                    _compat.queue_put(self._queue, err)
+                    return
+                error = await self._conn.stream_failed(err)
+                if isinstance(error, AuthError):
+                    _compat.queue_put(self._queue, error)
+                    return
+                log.debug("etcdfence.watch_reconnect", key=self._key, error=str(error))
+                await _compat.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+            finally:
+                self._stream = None
+
+    async def get(self, timeout: float | None = None) -> WatchBatch:
+        """The next batch; raises :class:`TimeoutError` after ``timeout`` seconds,
+        :class:`CompactedError` if history is gone, :class:`StopAsyncIteration` once closed."""
+        if self._closed and self._queue.empty():
+            raise StopAsyncIteration
+        item = await _compat.queue_get(self._queue, timeout)
+        if item is _CLOSED:
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        batch: WatchBatch = item
+        return batch
+
+    def __aiter__(self) -> AsyncWatch:
+        return self
+
+    async def __anext__(self) -> WatchBatch:
+        return await self.get()
+
+    async def close(self) -> None:
+        """Stop watching (cancels the stream)."""
+        if self._closed:
+            return
+        self._closed = True
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
+        _compat.queue_put(self._queue, _CLOSED)
+        if self._worker is not None:
+            self._worker.cancel()
+            await self._worker.join(1.0)
+
+    async def __aenter__(self) -> AsyncWatch:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

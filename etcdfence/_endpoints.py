@@ -1,0 +1,67 @@
+"""Parsing of endpoint lists (pure; shared by the sync and async clients)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from .errors import InvalidArgument, InvalidType
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One etcd endpoint: ``host:port`` plus whether it speaks TLS."""
+
+    host: str
+    port: int
+    tls: bool
+
+    @property
+    def target(self) -> str:
+        """The gRPC target string (IPv6 hosts bracketed)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.target}"
+
+
+def parse_endpoint(text: object) -> Endpoint:
+    """Parse ``http://h:p``, ``https://h:p`` or ``h:p`` (port defaults to 2379)."""
+    if not isinstance(text, str):
+        raise InvalidType(f"endpoint must be str, got {type(text).__name__}")
+    raw = text.strip()
+    if not raw:
+        raise InvalidArgument("endpoint must not be empty")
+    if "://" not in raw:
+        raw = "http://" + raw
+    try:
+        parts = urlsplit(raw)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed endpoint {text!r}: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidArgument(f"endpoint {text!r}: scheme must be http or https")
+    if not parts.hostname:
+        raise InvalidArgument(f"endpoint {text!r} has no host")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise InvalidArgument(f"endpoint {text!r} must be scheme://host:port only")
+    return Endpoint(parts.hostname, 2379 if port is None else port, parts.scheme == "https")
+
+
+def parse_endpoints(endpoints: object) -> list[Endpoint]:
+    """Parse one endpoint, a comma-separated string or a list of endpoints."""
+    if isinstance(endpoints, str):
+        items: list[object] = [e for e in endpoints.split(",") if e.strip()] or [endpoints]
+    elif isinstance(endpoints, (list, tuple)):
+        items = list(endpoints)
+    else:
+        raise InvalidType(
+            f"endpoints must be a str or a list of str, got {type(endpoints).__name__}"
+        )
+    if not items:
+        raise InvalidArgument("at least one endpoint is required")
+    parsed = [parse_endpoint(e) for e in items]
+    if len({e.tls for e in parsed}) > 1:
+        raise InvalidArgument("endpoints mix http and https; use one scheme for all")
+    return parsed

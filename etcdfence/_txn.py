@@ -1,0 +1,178 @@
+"""Pure builders of etcd requests shared by both sides: compares, ops, txns.
+
+Nothing here does I/O. The lock/election acquire txn and the fence guard txn are
+assembled here so that the sync and async implementations send byte-identical
+requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._keys import encode_mark, prefix_range_end, to_bytes, to_key
+from ._wire import messages as m
+from .errors import InvalidType
+
+
+@dataclass(frozen=True)
+class Put:
+    """A put to apply atomically with a fence check: ``guard.txn(token, [Put(k, v)])``."""
+
+    key: str | bytes
+    value: str | bytes
+    lease_id: int = 0
+
+
+@dataclass(frozen=True)
+class Delete:
+    """A delete to apply atomically with a fence check; ``prefix=True`` deletes a range."""
+
+    key: str | bytes
+    prefix: bool = False
+
+
+def range_request(
+    key: bytes,
+    *,
+    prefix: bool = False,
+    first_created: bool = False,
+    last_created_below: int | None = None,
+    revision: int = 0,
+    keys_only: bool = False,
+    count_only: bool = False,
+    limit: int = 0,
+) -> Any:
+    """A RangeRequest; ``first_created`` is Go's ``WithFirstCreate()``."""
+    req = m.RangeRequest(
+        key=key, revision=revision, keys_only=keys_only, count_only=count_only, limit=limit
+    )
+    if prefix:
+        req.range_end = prefix_range_end(key)
+    if first_created:
+        req.sort_target = m.SortTarget.CREATE
+        req.sort_order = m.SortOrder.ASCEND
+        req.limit = 1
+    if last_created_below is not None:
+        req.sort_target = m.SortTarget.CREATE
+        req.sort_order = m.SortOrder.DESCEND
+        req.max_create_revision = last_created_below - 1
+        req.limit = 1
+    return req
+
+
+def op_range(req: Any) -> Any:
+    return m.RequestOp(request_range=req)
+
+
+def op_put(key: bytes, value: bytes, lease: int = 0) -> Any:
+    return m.RequestOp(request_put=m.PutRequest(key=key, value=value, lease=lease))
+
+
+def op_delete(key: bytes, prefix: bool = False) -> Any:
+    req = m.DeleteRangeRequest(key=key)
+    if prefix:
+        req.range_end = prefix_range_end(key)
+    return m.RequestOp(request_delete_range=req)
+
+
+def cmp_create(key: bytes, revision: int) -> Any:
+    """``create_revision(key) == revision`` (0 means "key does not exist")."""
+    return m.Compare(
+        key=key, target=m.CompareTarget.CREATE, result=m.CompareResult.EQUAL, create_revision=revision
+    )
+
+
+def cmp_value_greater(key: bytes, value: bytes) -> Any:
+    """``value(key) > value``; false when the key is missing."""
+    return m.Compare(
+        key=key, target=m.CompareTarget.VALUE, result=m.CompareResult.GREATER, value=value
+    )
+
+
+def acquire_txn(my_key: bytes, value: bytes, lease: int, prefix: bytes) -> Any:
+    """The one-round-trip acquire of Go's Mutex/Election and etcdctl.
+
+    ``If(create_revision(my_key) == 0) Then(Put(my_key, value, lease), Range(first
+    created under prefix)) Else(Range(my_key), Range(first created))``. Retrying it
+    is idempotent because ``my_key`` is derived from the lease.
+    """
+    owner = op_range(range_request(prefix, prefix=True, first_created=True))
+    return m.TxnRequest(
+        compare=[cmp_create(my_key, 0)],
+        success=[op_put(my_key, value, lease), owner],
+        failure=[op_range(range_request(my_key)), owner],
+    )
+
+
+def ownership_read(my_key: bytes, prefix: bytes) -> Any:
+    """A read-only txn: my key and the first-created key, at one revision."""
+    return m.TxnRequest(
+        success=[
+            op_range(range_request(my_key)),
+            op_range(range_request(prefix, prefix=True, first_created=True)),
+        ]
+    )
+
+
+def guarded_delete(key: bytes, create_revision: int) -> Any:
+    """Delete ``key`` only if it is still the incarnation created at ``create_revision``."""
+    return m.TxnRequest(compare=[cmp_create(key, create_revision)], success=[op_delete(key)])
+
+
+def guarded_put(key: bytes, value: bytes, lease: int, create_revision: int) -> Any:
+    """Overwrite ``key`` only while it is the incarnation created at ``create_revision``."""
+    return m.TxnRequest(
+        compare=[cmp_create(key, create_revision)], success=[op_put(key, value, lease)]
+    )
+
+
+def user_ops(ops: object) -> list[Any]:
+    """Validate ``[Put(...), Delete(...)]`` and turn them into RequestOps."""
+    if isinstance(ops, (Put, Delete)) or not isinstance(ops, (list, tuple)):
+        raise InvalidType("ops must be a list of etcdfence.Put / etcdfence.Delete")
+    out = []
+    for op in ops:
+        if isinstance(op, Put):
+            out.append(op_put(to_key(op.key), to_bytes(op.value, "value"), op.lease_id))
+        elif isinstance(op, Delete):
+            out.append(op_delete(to_key(op.key), op.prefix))
+        else:
+            raise InvalidType(f"ops must be Put or Delete, got {type(op).__name__}")
+    return out
+
+
+def fence_txn(
+    fence_key: bytes,
+    token: int,
+    ops: list[Any],
+    owner: tuple[bytes, int] | None = None,
+) -> Any:
+    """The guard txn: one round trip that checks, advances the mark and writes.
+
+    Outer: ``If(value(fence) > token) Then(Range(fence)) Else(<inner>)``. Without an
+    owner check the inner part is just ``Put(fence, token), ops``. With
+    ``owner=(key, create_revision)`` the Else branch is a nested txn
+    ``If(create_revision(key) == rev) Then(Put(fence, token), ops) Else(Range(key))``
+    so a writer that lost its lock writes nothing, still in one round trip.
+    """
+    mark = encode_mark(token)
+    writes = [op_put(fence_key, mark), *ops]
+    if owner is None:
+        accepted = writes
+    else:
+        owner_key, owner_rev = owner
+        accepted = [
+            m.RequestOp(
+                request_txn=m.TxnRequest(
+                    compare=[cmp_create(owner_key, owner_rev)],
+                    success=writes,
+                    failure=[op_range(range_request(owner_key))],
+                )
+            )
+        ]
+    return m.TxnRequest(
+        compare=[cmp_value_greater(fence_key, mark)],
+        success=[op_range(range_request(fence_key))],
+        failure=accepted,
+    )

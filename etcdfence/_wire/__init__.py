@@ -1,0 +1,1 @@
+"""etcdfence's own etcd v3 gRPC layer: messages (``messages``) and error mapping (``errors``)."""

@@ -1,0 +1,102 @@
+"""The exceptions etcdfence raises. All share one root, :class:`EtcdfenceError`.
+
+Catch :class:`EtcdfenceError` to handle anything this library raises; catch a
+subclass to react to one situation (a stale token, a lost session, ...). gRPC
+errors are translated at one boundary (``etcdfence._wire.errors``) and never
+leak raw.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EtcdfenceError(Exception):
+    """Root of every error etcdfence raises."""
+
+
+class EtcdUnavailable(EtcdfenceError):
+    """No etcd endpoint answered within the timeout (network down, cluster without quorum).
+
+    The operation may or may not have taken effect if it was a write; etcdfence
+    resolves such writes by re-reading where it can and never blindly resends.
+    """
+
+
+class EtcdRequestError(EtcdfenceError):
+    """etcd rejected a request (too large, invalid, too many operations in a txn, ...)."""
+
+
+class LeaseNotFound(EtcdRequestError):
+    """The lease does not exist (expired or revoked)."""
+
+
+class AuthError(EtcdfenceError):
+    """Authentication failed or the user lacks permission (wrong password, RBAC denial,
+    certificate refused)."""
+
+
+class TLSError(EtcdUnavailable, AuthError):
+    """The TLS handshake failed: wrong CA, expired or mismatched certificate, or a
+    plaintext client talking to a TLS server (or the other way round)."""
+
+
+class CompactedError(EtcdfenceError):
+    """A watch asked for history that etcd has already compacted away.
+
+    ``compact_revision`` is the oldest revision still available.
+    """
+
+    def __init__(self, message: str, compact_revision: int) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision
+
+
+class SessionExpired(EtcdfenceError):
+    """The session's lease is gone (or its local deadline passed): every lock and
+    leadership held through it is lost, and tokens from it must not be used."""
+
+
+class AcquireTimeout(EtcdfenceError, TimeoutError):
+    """``acquire`` / ``campaign`` did not win within its timeout. Nothing is left
+    queued behind: the contender's key has been deleted."""
+
+
+class NotOwnerError(EtcdfenceError):
+    """The caller does not hold the lock (or leadership) it tried to use."""
+
+
+class NotLeader(NotOwnerError):
+    """``proclaim`` / ``resign`` on an election this contender does not lead."""
+
+
+class StaleTokenError(EtcdfenceError):
+    """A write carried a fencing token lower than the resource's high-water mark.
+
+    Nothing was written. ``current`` is the mark the resource holds, ``token`` the
+    value offered, ``resource`` the name of the guarded resource.
+    """
+
+    def __init__(self, resource: str, token: int, current: int) -> None:
+        super().__init__(
+            f"stale fencing token for {resource!r}: offered {token}, "
+            f"resource already accepted {current}"
+        )
+        self.resource = resource
+        self.token = token
+        self.current = current
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.resource, self.token, self.current))
+
+
+class InvalidArgument(EtcdfenceError, ValueError):
+    """A bad argument value: empty or malformed name, TTL < 1, bad endpoint, ..."""
+
+
+class InvalidType(EtcdfenceError, TypeError):
+    """An argument of the wrong type: a key that is not str/bytes, a float token, ..."""
+
+
+class InvalidToken(InvalidArgument):
+    """A fencing token that is not a positive int."""
