@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -67,8 +67,12 @@ def queue_put(queue: asyncio.Queue[T], item: T) -> None:
 class Background:
     """A piece of background work (an asyncio task; a daemon thread in the sync twin)."""
 
-    def __init__(self, func: Callable[..., Awaitable[Any]], *args: Any, name: str) -> None:
-        self._task = asyncio.get_running_loop().create_task(func(*args), name=name)
+    def __init__(
+        self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: str
+    ) -> None:
+        self._task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(
+            func(*args), name=name
+        )
 
     def cancel(self) -> None:
         self._task.cancel()
@@ -143,14 +147,14 @@ class Stream:
 
 
 async def run_term(
-    work: Callable[[Any, asyncio.Event], Awaitable[Any]], token: Any, stop: asyncio.Event
+    work: Callable[[Any, asyncio.Event], Coroutine[Any, Any, Any]], token: Any, stop: asyncio.Event
 ) -> bool:
     """Run a leader's ``work(token, stop)`` until it returns or ``stop`` is set.
 
     The coroutine is cancelled the moment ``stop`` is set. Returns ``True`` if the
     work finished on its own.
     """
-    task = asyncio.get_running_loop().create_task(work(token, stop))
+    task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(work(token, stop))
     stopper = asyncio.get_running_loop().create_task(stop.wait())
     try:
         done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -231,7 +231,9 @@ class AsyncConnection:
         if self._username is not None and self._token is None:
             await self._authenticate(None)
         path, req_cls, resp_cls = m.STREAMS[name]
-        return _compat.Stream(self._channel(self._current), path, req_cls, resp_cls, self.metadata())
+        return _compat.Stream(
+            self._channel(self._current), path, req_cls, resp_cls, self.metadata()
+        )
 
     async def stream_failed(self, err: BaseException) -> EtcdfenceError:
         """Bookkeeping after a stream broke: re-authenticate or fail over; returns the

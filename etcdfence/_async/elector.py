@@ -123,7 +123,8 @@ class AsyncLeaderElector:
 
             session.on_expired(on_expired)
             watch = AsyncWatch(
-                session.client._conn, token.key.encode("utf-8") if token.key else b"",
+                session.client._conn,
+                token.key.encode("utf-8") if token.key else b"",
                 start_revision=token.value + 1,
             )
             monitor = _compat.Background(

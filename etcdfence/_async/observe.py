@@ -60,7 +60,10 @@ async def observe_leader(conn: AsyncConnection, name: str) -> AsyncIterator[Lead
             metrics.leader_changed(name, None if current is None else current.key)
             yield current
         watch = AsyncWatch(
-            conn, prefix, range_end=prefix_range_end(prefix), start_revision=response.header.revision + 1
+            conn,
+            prefix,
+            range_end=prefix_range_end(prefix),
+            start_revision=response.header.revision + 1,
         )
         await watch.start()
         try:

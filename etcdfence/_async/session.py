@@ -119,7 +119,9 @@ class AsyncSession:
             if self._expired.is_set():
                 raise SessionExpired("the session was closed")
             sent = _compat.monotonic()
-            response = await self._conn.call("LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl))
+            response = await self._conn.call(
+                "LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl)
+            )
             if response.error:
                 raise EtcdfenceError(f"etcd refused the lease: {response.error}")
             self._ttl = int(response.TTL)
@@ -131,7 +133,6 @@ class AsyncSession:
             self._workers.append(
                 _compat.Background(self._watchdog, name=f"etcdfence-deadline-{self._lease_id:x}")
             )
-            log.debug("etcdfence.session_opened", lease_id=f"{self._lease_id:x}", ttl=self._ttl)
             return self
 
     async def _ensure_open(self) -> int:
@@ -299,11 +300,13 @@ class AsyncSession:
         The same name returns the same object: the contender's key is derived from
         the lease, so two objects would silently be one contender.
         """
-        return self._contender(name, AsyncLock)
+        lock: AsyncLock = self._contender(name, AsyncLock)
+        return lock
 
     def election(self, name: str) -> AsyncElection:
         """The Go/etcdctl-compatible election ``name`` contended through this session."""
-        return self._contender(name, AsyncElection)
+        election: AsyncElection = self._contender(name, AsyncElection)
+        return election
 
     def _contender(self, name: str, kind: Any) -> Any:
         existing = self._contenders.get(name)

@@ -120,9 +120,7 @@ class AsyncWatch:
                         self._next_revision = response.events[-1].kv.mod_revision + 1
                         _compat.queue_put(self._queue, _batch(response))
                     else:  # progress notification: everything up to header.revision is delivered
-                        self._next_revision = max(
-                            self._next_revision, response.header.revision + 1
-                        )
+                        self._next_revision = max(self._next_revision, response.header.revision + 1)
             except (grpc.RpcError, EtcdfenceError) as err:
                 if self._closed:
                     return

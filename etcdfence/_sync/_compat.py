@@ -132,7 +132,9 @@ class Stream:
         self._call.cancel()
 
 
-def run_term(work: Callable[[Any, threading.Event], Any], token: Any, stop: threading.Event) -> bool:
+def run_term(
+    work: Callable[[Any, threading.Event], Any], token: Any, stop: threading.Event
+) -> bool:
     """Run a leader's ``work(token, stop)`` in this thread; ``stop`` is set on loss.
 
     Threads cannot be cancelled, so ``work`` must check ``stop`` (or wait on it).

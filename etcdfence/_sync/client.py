@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .._keys import DEFAULT_FENCE_PREFIX, contender_prefix, prefix_range_end, to_bytes, to_key, validate_name
+from .._keys import (
+    DEFAULT_FENCE_PREFIX,
+    contender_prefix,
+    prefix_range_end,
+    to_bytes,
+    to_key,
+    validate_name,
+)
 from .._txn import range_request
 from .._wire import messages as m
 from ..errors import InvalidArgument, InvalidType
@@ -68,14 +75,21 @@ class Client:
     # -- plain KV ------------------------------------------------------------------
 
     def put(
-        self, key: str | bytes, value: str | bytes, *, lease_id: int = 0, timeout: float | None = None
+        self,
+        key: str | bytes,
+        value: str | bytes,
+        *,
+        lease_id: int = 0,
+        timeout: float | None = None,
     ) -> int:
         """Write ``key`` unconditionally and return the header revision of the write.
 
         Use it for data that needs no fencing; protected data goes through
         :meth:`fence`.
         """
-        request = m.PutRequest(key=to_key(key), value=to_bytes(value, "value"), lease=_lease(lease_id))
+        request = m.PutRequest(
+            key=to_key(key), value=to_bytes(value, "value"), lease=_lease(lease_id)
+        )
         response = self._conn.call("Put", request, timeout=timeout)
         revision: int = response.header.revision
         return revision
@@ -87,14 +101,18 @@ class Client:
         )
         return KeyValue.from_wire(response.kvs[0]) if response.kvs else None
 
-    def get_prefix(self, prefix: str | bytes, *, timeout: float | None = None) -> list[KeyValue]:
+    def get_prefix(
+        self, prefix: str | bytes, *, timeout: float | None = None
+    ) -> list[KeyValue]:
         """Read every key that starts with ``prefix``, in key order."""
         response = self._conn.call(
             "Range", range_request(to_key(prefix), prefix=True), timeout=timeout, idempotent=True
         )
         return [KeyValue.from_wire(kv) for kv in response.kvs]
 
-    def delete(self, key: str | bytes, *, prefix: bool = False, timeout: float | None = None) -> int:
+    def delete(
+        self, key: str | bytes, *, prefix: bool = False, timeout: float | None = None
+    ) -> int:
         """Delete a key (or every key under a prefix); returns the header revision."""
         raw = to_key(key)
         request = m.DeleteRangeRequest(key=raw, range_end=prefix_range_end(raw) if prefix else b"")
@@ -116,7 +134,9 @@ class Client:
 
     def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         """Status of the endpoint in use: version, leader member id, db size, revision."""
-        response = self._conn.call("Status", m.StatusRequest(), timeout=timeout, idempotent=True)
+        response = self._conn.call(
+            "Status", m.StatusRequest(), timeout=timeout, idempotent=True
+        )
         return {
             "endpoint": str(self._conn.endpoint),
             "version": response.version,
@@ -170,7 +190,9 @@ class Client:
         """The current leader of election ``name`` (no session needed), or ``None``."""
         prefix = contender_prefix(validate_name(name)).encode("utf-8")
         response = self._conn.call(
-            "Range", range_request(prefix, prefix=True, first_created=True), timeout=timeout,
+            "Range",
+            range_request(prefix, prefix=True, first_created=True),
+            timeout=timeout,
             idempotent=True,
         )
         if not response.kvs:

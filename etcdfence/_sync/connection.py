@@ -232,7 +232,9 @@ class Connection:
         if self._username is not None and self._token is None:
             self._authenticate(None)
         path, req_cls, resp_cls = m.STREAMS[name]
-        return _compat.Stream(self._channel(self._current), path, req_cls, resp_cls, self.metadata())
+        return _compat.Stream(
+            self._channel(self._current), path, req_cls, resp_cls, self.metadata()
+        )
 
     def stream_failed(self, err: BaseException) -> EtcdfenceError:
         """Bookkeeping after a stream broke: re-authenticate or fail over; returns the

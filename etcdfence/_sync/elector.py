@@ -124,7 +124,8 @@ class LeaderElector:
 
             session.on_expired(on_expired)
             watch = Watch(
-                session.client._conn, token.key.encode("utf-8") if token.key else b"",
+                session.client._conn,
+                token.key.encode("utf-8") if token.key else b"",
                 start_revision=token.value + 1,
             )
             monitor = _compat.Background(

