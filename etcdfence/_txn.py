@@ -79,7 +79,10 @@ def op_delete(key: bytes, prefix: bool = False) -> Any:
 def cmp_create(key: bytes, revision: int) -> Any:
     """``create_revision(key) == revision`` (0 means "key does not exist")."""
     return m.Compare(
-        key=key, target=m.CompareTarget.CREATE, result=m.CompareResult.EQUAL, create_revision=revision
+        key=key,
+        target=m.CompareTarget.CREATE,
+        result=m.CompareResult.EQUAL,
+        create_revision=revision,
     )
 
 

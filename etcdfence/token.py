@@ -148,4 +148,3 @@ class FencingToken:
     def to_metadata(self) -> dict[str, str]:
         """Metadata to attach to a message: ``{"fencing-token": "1234"}``."""
         return {METADATA_KEY: str(self.value)}
-

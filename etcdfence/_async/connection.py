@@ -98,7 +98,7 @@ class AsyncConnection:
             ("grpc.keepalive_time_ms", 10_000),
             ("grpc.keepalive_timeout_ms", 5_000),
             ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.enable_retries", 0),
+            ("grpc.enable_retries", 1),
         ]
         if server_name:
             self._options.append(("grpc.ssl_target_name_override", server_name))

@@ -44,7 +44,9 @@ _ENUMS: dict[str, list[tuple[str, int]]] = {
 }
 
 
-def _f(name: str, number: int, type_: str, repeated: bool = False, oneof: str | None = None) -> _Field:
+def _f(
+    name: str, number: int, type_: str, repeated: bool = False, oneof: str | None = None
+) -> _Field:
     return (name, number, type_, repeated, oneof)
 
 
@@ -281,6 +283,7 @@ StatusRequest: Any = _message("StatusRequest")
 StatusResponse: Any = _message("StatusResponse")
 DefragmentRequest: Any = _message("DefragmentRequest")
 DefragmentResponse: Any = _message("DefragmentResponse")
+
 
 # Enum numbers (wire values), named as in etcd.
 class SortOrder:
