@@ -1,0 +1,308 @@
+"""Structured log events and optional Prometheus metrics for etcdfence.
+
+Every part of the library reports what happened through the helpers in this
+module (:func:`fence_accepted`, :func:`fence_rejected`, :func:`leader_elected`,
+:func:`leader_lost`, :func:`leader_changed`, :func:`lease_lost`). They
+
+* log namespaced structlog events (``etcdfence.fence_rejected``,
+  ``etcdfence.leader_elected``, ...) through ``structlog.get_logger("etcdfence")``.
+  The library never configures logging: route or silence the events with your own
+  ``structlog.configure(...)`` (or the stdlib ``logging`` bridge, logger name
+  ``etcdfence``). The per-write success path logs nothing, so an unconfigured
+  application is not flooded.
+* update Prometheus collectors, but only after :func:`enable_metrics` was called.
+  Metrics are off by default; ``prometheus_client`` comes with the ``metrics``
+  extra (``pip install etcdfence[metrics]``). While metrics are off the helpers
+  cost one global read plus the log call.
+
+Collectors (all prefixed ``etcdfence_``):
+
+=====================================  =========  =====================================
+``etcdfence_fenced_write_seconds``     histogram  guarded write latency {resource, backend}
+``etcdfence_fence_mark``               gauge      highest mark seen per {resource}
+``etcdfence_stale_rejections_total``   counter    stale tokens rejected per {resource}
+``etcdfence_is_leader``                gauge      1 while this process leads {election}
+``etcdfence_leader_token``             gauge      fencing token of the current term {election}
+``etcdfence_leader_elected_total``     counter    terms won by this process {election}
+``etcdfence_leader_lost_total``        counter    terms lost by this process {election}
+``etcdfence_leader_changes_total``     counter    observed leader changes {election}
+``etcdfence_leases_lost_total``        counter    sessions whose lease was lost
+=====================================  =========  =====================================
+
+``resource`` and ``election`` are label values: keep the number of distinct names
+bounded (do not put request ids or timestamps into resource names).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+__all__ = [
+    "METRIC_PREFIX",
+    "disable_metrics",
+    "enable_metrics",
+    "fence_accepted",
+    "fence_rejected",
+    "leader_changed",
+    "leader_elected",
+    "leader_lost",
+    "lease_lost",
+    "log",
+    "metrics_enabled",
+]
+
+#: Every collector name starts with this.
+METRIC_PREFIX = "etcdfence_"
+
+#: The library's logger. Other modules use it as ``from .metrics import log``.
+log = structlog.get_logger("etcdfence")
+
+# Latency buckets for one guarded write: sub-millisecond (SQLite, local etcd) up to
+# a few seconds (a transaction that waited for a row lock or a slow fsync).
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+@dataclass(frozen=True)
+class _Collectors:
+    """The collectors registered in one registry."""
+
+    registry: Any
+    fenced_write_seconds: Any
+    fence_mark: Any
+    stale_rejections: Any
+    is_leader: Any
+    leader_token: Any
+    leader_elected: Any
+    leader_lost: Any
+    leader_changes: Any
+    leases_lost: Any
+
+
+_lock = threading.Lock()
+# The active collectors, or None while metrics are off. Read without the lock on the
+# hot path: rebinding a module global is atomic, and a helper that races with
+# enable/disable either updates the old or the new collectors, both harmless.
+_active: _Collectors | None = None
+# Collectors already created, per registry (creation must be idempotent: registering
+# the same names twice in one registry raises in prometheus_client).
+_by_registry: dict[int, _Collectors] = {}
+# Last leader key observed per election, to count changes rather than notifications.
+_last_leader: dict[str, str | None] = {}
+
+
+def _import_prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:  # pragma: no cover - exercised with a patched import
+        raise ImportError(
+            "etcdfence metrics need prometheus_client; install it with "
+            "`pip install etcdfence[metrics]`"
+        ) from exc
+    return prometheus_client
+
+
+def _create(registry: Any) -> _Collectors:
+    pc = _import_prometheus()
+    p = METRIC_PREFIX
+    return _Collectors(
+        registry=registry,
+        fenced_write_seconds=pc.Histogram(
+            p + "fenced_write_seconds",
+            "Latency of fenced writes (check-and-advance plus the caller's write), seconds.",
+            ["resource", "backend"],
+            registry=registry,
+            buckets=_LATENCY_BUCKETS,
+        ),
+        fence_mark=pc.Gauge(
+            p + "fence_mark",
+            "Highest fencing token this process saw a resource accept (its high-water mark).",
+            ["resource"],
+            registry=registry,
+        ),
+        stale_rejections=pc.Counter(
+            p + "stale_rejections",
+            "Writes rejected because their fencing token was below the resource's mark.",
+            ["resource"],
+            registry=registry,
+        ),
+        is_leader=pc.Gauge(
+            p + "is_leader",
+            "1 while this process leads the election, else 0.",
+            ["election"],
+            registry=registry,
+        ),
+        leader_token=pc.Gauge(
+            p + "leader_token",
+            "Fencing token of this process's latest leadership term.",
+            ["election"],
+            registry=registry,
+        ),
+        leader_elected=pc.Counter(
+            p + "leader_elected",
+            "Leadership terms won by this process.",
+            ["election"],
+            registry=registry,
+        ),
+        leader_lost=pc.Counter(
+            p + "leader_lost",
+            "Leadership terms this process lost (lease expiry, resign, error).",
+            ["election"],
+            registry=registry,
+        ),
+        leader_changes=pc.Counter(
+            p + "leader_changes",
+            "Leader changes observed for the election (a new leader key).",
+            ["election"],
+            registry=registry,
+        ),
+        leases_lost=pc.Counter(
+            p + "leases_lost",
+            "Sessions whose lease expired or was revoked before they were closed.",
+            registry=registry,
+        ),
+    )
+
+
+def enable_metrics(registry: Any = None) -> None:
+    """Start recording Prometheus metrics into ``registry`` (default: the global
+    ``prometheus_client.REGISTRY``).
+
+    Call it once at start-up in an application that exposes Prometheus metrics.
+    Calling it again with the same registry reuses the collectors already created
+    there; with another registry it switches recording to that one. Raises
+    :class:`ImportError` naming ``pip install etcdfence[metrics]`` when
+    ``prometheus_client`` is not installed.
+    """
+    global _active
+    pc = _import_prometheus()
+    if registry is None:
+        registry = pc.REGISTRY
+    with _lock:
+        collectors = _by_registry.get(id(registry))
+        if collectors is None or collectors.registry is not registry:
+            collectors = _create(registry)
+            _by_registry[id(registry)] = collectors
+        _active = collectors
+
+
+def disable_metrics() -> None:
+    """Stop recording metrics (the helpers go back to logging only).
+
+    Collectors stay registered and keep their last values; a later
+    :func:`enable_metrics` with the same registry continues with them. Mostly for
+    tests.
+    """
+    global _active
+    with _lock:
+        _active = None
+        _last_leader.clear()
+
+
+def metrics_enabled() -> bool:
+    """Whether :func:`enable_metrics` is in effect."""
+    return _active is not None
+
+
+# -- helpers the library calls ------------------------------------------------------
+
+
+def fence_accepted(resource: str, token: int, seconds: float, backend: str) -> None:
+    """A guarded write with ``token`` was accepted by ``resource`` after ``seconds``.
+
+    Called on the hot path of every fenced write: records latency and the mark,
+    logs nothing.
+    """
+    m = _active
+    if m is None:
+        return
+    m.fenced_write_seconds.labels(resource, backend).observe(seconds)
+    m.fence_mark.labels(resource).set(token)
+
+
+def fence_rejected(resource: str, token: int, current: int, seconds: float, backend: str) -> None:
+    """A guarded write was refused: ``token`` is below the resource's mark ``current``.
+
+    Logs the warning event ``etcdfence.fence_rejected`` (resource, token, current,
+    gap, backend) and counts the rejection.
+    """
+    log.warning(
+        "etcdfence.fence_rejected",
+        resource=resource,
+        token=token,
+        current=current,
+        gap=current - token,
+        backend=backend,
+    )
+    m = _active
+    if m is None:
+        return
+    m.stale_rejections.labels(resource).inc()
+    m.fenced_write_seconds.labels(resource, backend).observe(seconds)
+    m.fence_mark.labels(resource).set(current)
+
+
+def leader_elected(election: str, token: int, identity: str | None) -> None:
+    """This process won ``election``; ``token`` fences the new term."""
+    log.info("etcdfence.leader_elected", election=election, token=token, identity=identity)
+    m = _active
+    if m is None:
+        return
+    m.is_leader.labels(election).set(1)
+    m.leader_token.labels(election).set(token)
+    m.leader_elected.labels(election).inc()
+
+
+def leader_lost(election: str, identity: str | None, reason: str) -> None:
+    """This process no longer leads ``election`` (``reason``: why, e.g. ``"lease expired"``)."""
+    log.warning("etcdfence.leader_lost", election=election, identity=identity, reason=reason)
+    m = _active
+    if m is None:
+        return
+    m.is_leader.labels(election).set(0)
+    m.leader_lost.labels(election).inc()
+
+
+def leader_changed(election: str, leader_key: str | None) -> None:
+    """An observer saw ``election``'s leader become ``leader_key`` (``None``: no leader).
+
+    Counts a change only when a leader key differs from the last one observed for
+    the election in this process, so repeated notifications for the same leader
+    (a re-established watch, say) are not counted twice.
+    """
+    log.debug("etcdfence.leader_changed", election=election, leader_key=leader_key)
+    m = _active
+    if m is None:
+        return
+    with _lock:
+        previous = _last_leader.get(election)
+        _last_leader[election] = leader_key
+    if leader_key is not None and leader_key != previous:
+        m.leader_changes.labels(election).inc()
+
+
+def lease_lost(lease_id: int, reason: str) -> None:
+    """A session's lease is gone (expired, revoked, or its local deadline passed)."""
+    log.warning("etcdfence.lease_lost", lease_id=f"{lease_id:x}", reason=reason)
+    m = _active
+    if m is None:
+        return
+    m.leases_lost.inc()
