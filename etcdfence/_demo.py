@@ -1,0 +1,602 @@
+"""``etcdfence demo``: a zombie leader, frozen mid-write, is stopped by the fence.
+
+The story (after Martin Kleppmann's "How to do distributed locking"), played by real
+processes on an embedded etcd:
+
+1. Contenders A and B (separate Python processes, ``python -m etcdfence._demo
+   contender ...``) campaign for one election with a short lease. A wins and writes
+   the config stored in etcd through ``client.fence("demo/config")`` with its token.
+2. A decides to write again — and right then the demo freezes it with SIGSTOP (a long
+   GC pause, a VM migration). A's lease runs out; B is elected and writes with its
+   larger token.
+3. The demo thaws A with SIGCONT. A still believes it leads and completes the write it
+   had already decided on, with its old token. The fence rejects it
+   (``StaleTokenError``): the config keeps B's value. Only then does A notice it lost
+   leadership and step down.
+
+The parent prints a timestamped timeline (what each node believes, tokens, the fence's
+mark after every step) and a verdict. It exits 0 only if the stale write was rejected
+and the mark never went down. Contenders report to the parent as JSON lines on their
+stdout and take commands (``write``, ``go``, ``quit``) on stdin, so the parent can freeze
+A at exactly the moment between deciding to write and writing.
+
+Use :func:`run_demo` (what ``etcdfence demo`` and ``make run`` call); ``python -m
+etcdfence._demo`` runs it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import itertools
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import structlog
+
+from ._sync.client import Client
+from ._sync.elector import LeaderElector
+from .errors import EtcdfenceError, StaleTokenError
+from .token import FencingToken
+from .types import Leader
+
+ELECTION = "demo/leader"
+RESOURCE = "demo/config"
+CONFIG_KEY = "demo/config/current"
+DEMO_BUDGET = 50.0  # seconds; the whole story takes ~10 s
+
+
+class DemoFailed(Exception):
+    """The story did not unfold as it must (a timeout, a process died, a bad write)."""
+
+
+# ==========================================================================================
+# contender (child process)
+# ==========================================================================================
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILLed when the demo process dies, even while SIGSTOPped."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent already died before prctl
+            os._exit(1)
+
+
+class _Reporter:
+    """Writes one JSON object per line to stdout, from any thread."""
+
+    def __init__(self, node: str, stream: IO[str], mark: Callable[[], int]) -> None:
+        self.node = node
+        self._stream = stream
+        self._mark = mark
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        """Report ``event`` with the fence's mark as read right after it happened."""
+        try:
+            mark: int | None = self._mark()
+        except EtcdfenceError:
+            mark = None
+        record = {"t": time.monotonic(), "node": self.node, "event": event, "mark": mark}
+        record.update(fields)
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            self._stream.write(json.dumps(record) + "\n")
+            self._stream.flush()
+
+
+def contender_main(argv: list[str]) -> int:
+    """One contender: campaign, write the fenced config when elected and when told.
+
+    Commands on stdin, one per line: ``write`` (decide to write the next version and
+    report ``deciding``), ``go`` (perform the write decided on — no re-check of
+    leadership, which is exactly what a paused process does), ``quit``.
+    """
+    parser = argparse.ArgumentParser(prog="python -m etcdfence._demo contender")
+    parser.add_argument("--endpoints", required=True)
+    parser.add_argument("--id", dest="identity", required=True)
+    parser.add_argument("--ttl", type=int, default=2)
+    parser.add_argument("--election", default=ELECTION)
+    parser.add_argument("--resource", default=RESOURCE)
+    parser.add_argument("--config-key", default=CONFIG_KEY)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(40),  # errors only, on stderr
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+    client = Client(args.endpoints, timeout=3.0)
+    guard = client.fence(args.resource)
+    report = _Reporter(args.identity, sys.stdout, guard.current)
+    commands: queue.Queue[str] = queue.Queue()
+    version = [0]
+    quitting = threading.Event()
+
+    def write(token: FencingToken, stop: threading.Event) -> bool:
+        version[0] += 1
+        body = json.dumps({"writer": args.identity, "token": token.value, "version": version[0]})
+        try:
+            revision = guard.put(token, args.config_key, body)
+        except StaleTokenError as exc:
+            report(
+                "write",
+                result="rejected",
+                version=version[0],
+                token=token.value,
+                current=exc.current,
+                elector_noticed=stop.is_set(),
+            )
+            return False
+        except EtcdfenceError as exc:  # not the story's point, but never hide it
+            report("write", result="error", version=version[0], token=token.value, error=str(exc))
+            return False
+        report("write", result="accepted", version=version[0], token=token.value, revision=revision)
+        return True
+
+    def work(token: FencingToken, stop: threading.Event) -> None:
+        if not write(token, stop):
+            return
+        while True:
+            try:
+                command = commands.get(timeout=0.05)
+            except queue.Empty:
+                if stop.is_set():
+                    return
+                continue
+            if command == "quit":
+                return
+            if command == "write":
+                report("deciding", version=version[0] + 1, token=token.value, believes=True)
+                # A real process would compute the new config here. If it is paused now
+                # it resumes right here, and writes without looking again.
+                if commands.get() != "go" or not write(token, stop):
+                    return
+
+    def on_leader_change(leader: Leader | None) -> None:
+        report("sees", leader=None if leader is None else leader.value.decode("utf-8", "replace"))
+
+    elector = LeaderElector(
+        client,
+        args.election,
+        identity=args.identity,
+        ttl=args.ttl,
+        on_elected=lambda token: report("elected", token=token.value, key=token.key),
+        on_lost=lambda: report("resigned" if quitting.is_set() else "lost"),
+        on_leader_change=on_leader_change,
+        retry_interval=0.5,
+    )
+
+    def run_elector() -> None:
+        try:
+            elector.run(work)
+        except BaseException as exc:  # reported, then the process ends
+            report("crashed", error=f"{type(exc).__name__}: {exc}")
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    report("started", pid=os.getpid(), ttl=args.ttl)
+    worker = threading.Thread(target=run_elector, name="elector", daemon=True)
+    worker.start()
+    report("campaigning", election=args.election)
+    try:
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "quit":
+                break
+            commands.put(command)
+    finally:
+        quitting.set()
+        commands.put("quit")
+        deadline = time.monotonic() + 3.0
+        while worker.is_alive() and time.monotonic() < deadline:
+            elector.stop()  # repeated: a stop() racing a campaign start can be missed
+            worker.join(0.1)
+        report("exit")
+        client.close()
+    return 0
+
+
+# ==========================================================================================
+# the demo (parent process)
+# ==========================================================================================
+
+
+@dataclass
+class _Node:
+    name: str
+    proc: subprocess.Popen[str]
+    stderr: IO[str]
+    belief: str = "starting"
+    token: int | None = None
+    frozen: bool = False
+    exited: bool = False
+
+
+@dataclass
+class _Story:
+    """What the verdict needs, collected while the timeline unfolds."""
+
+    marks: list[int] = field(default_factory=list)
+    accepted: list[tuple[str, int]] = field(default_factory=list)
+    rejected: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+class _Demo:
+    def __init__(self, out: IO[str], ttl: int) -> None:
+        self.out = out
+        self.ttl = ttl
+        self.t0 = time.monotonic()
+        self.events: queue.Queue[tuple[str, dict[str, Any] | None]] = queue.Queue()
+        self.nodes: dict[str, _Node] = {}
+        self.story = _Story()
+        self.client: Client | None = None
+        self.endpoint = ""
+
+    # -- output -------------------------------------------------------------------------
+
+    def mark(self) -> int:
+        assert self.client is not None
+        value = self.client.fence(RESOURCE).current()
+        self.story.marks.append(value)
+        return value
+
+    def beliefs(self) -> str:
+        return " ".join(
+            f"{node.name}={node.belief}{',FROZEN' if node.frozen else ''}"
+            for node in self.nodes.values()
+        )
+
+    def line(self, who: str, text: str, at: float | None = None, mark: int | None = None) -> None:
+        """One timeline row: time, node, event, what each node believes, the mark.
+
+        The mark shown is the one the reporting contender read right after the event
+        (else the demo's own read). The demo reads the mark for every row, in order;
+        those reads make up the history the verdict checks.
+        """
+        stamp = (time.monotonic() if at is None else at) - self.t0
+        observed = self.mark() if self.client is not None else 0
+        shown = observed if mark is None else mark
+        state = f"{self.beliefs():<34} mark={shown}" if self.nodes else ""
+        self.out.write(f"t+{stamp:5.2f}s  {who:<4}  {text:<58}  {state}".rstrip() + "\n")
+        self.out.flush()
+
+    # -- contenders ---------------------------------------------------------------------
+
+    def spawn(self, name: str) -> _Node:
+        command = [
+            sys.executable, "-m", "etcdfence._demo", "contender",
+            "--endpoints", self.endpoint, "--id", name, "--ttl", str(self.ttl),
+        ]  # fmt: skip
+        stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in cleanup()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCDFENCE_")}
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            bufsize=1,
+            env=env,
+        )
+        node = _Node(name, proc, stderr)
+        self.nodes[name] = node
+        threading.Thread(target=self._read, args=(node,), daemon=True).start()
+        return node
+
+    def _read(self, node: _Node) -> None:
+        assert node.proc.stdout is not None
+        for raw in node.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.events.put((node.name, json.loads(raw)))
+        self.events.put((node.name, None))
+
+    def send(self, node: _Node, command: str) -> None:
+        assert node.proc.stdin is not None
+        node.proc.stdin.write(command + "\n")
+        node.proc.stdin.flush()
+
+    def signal(self, node: _Node, signum: int) -> None:
+        if node.proc.poll() is None:
+            node.proc.send_signal(signum)
+
+    # -- events -------------------------------------------------------------------------
+
+    def expect(
+        self,
+        what: str,
+        predicate: Callable[[str, dict[str, Any]], bool],
+        timeout: float,
+    ) -> dict[str, Any]:
+        """Print events as they come until one satisfies ``predicate``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DemoFailed(f"timed out after {timeout:.0f}s waiting for {what}")
+            try:
+                name, record = self.events.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            node = self.nodes[name]
+            if record is None:
+                if node.exited:  # end of output after its "exit" report: expected
+                    continue
+                raise DemoFailed(
+                    f"contender {name} exited unexpectedly while waiting for {what}"
+                    + self._stderr_tail(node)
+                )
+            self.show(node, record)
+            if predicate(name, record):
+                return record
+
+    def drain(self, seconds: float) -> None:
+        """Print whatever arrives within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                name, record = self.events.get(timeout=remaining)
+            except queue.Empty:
+                return
+            if record is not None:
+                self.show(self.nodes[name], record)
+
+    def show(self, node: _Node, record: dict[str, Any]) -> None:
+        event = record.get("event")
+        at = record.get("t")
+        text: str | None = None
+        if event == "started":
+            node.belief = "-"
+            text = f"process started (pid {record['pid']}, lease ttl {record['ttl']}s)"
+        elif event == "campaigning":
+            node.belief = "candidate"
+            text = f"campaigns for {record['election']!r}"
+        elif event == "sees":
+            leader = record.get("leader")
+            if node.token is None and leader != node.name:
+                node.belief = f"follower({leader})" if leader else "candidate"
+                text = f"sees leader: {leader}" if leader else "sees: nobody leads"
+        elif event == "elected":
+            node.token = int(record["token"])
+            node.belief = f"LEADER({node.token})"
+            text = f"elected leader, fencing token {node.token}"
+        elif event == "deciding":
+            text = (
+                f"decides to write config v{record['version']} "
+                f"(believes it leads, token {record['token']})"
+            )
+        elif event == "write" and record.get("result") == "accepted":
+            self.story.accepted.append((node.name, int(record["token"])))
+            text = f"writes config v{record['version']} with token {record['token']} -> accepted"
+        elif event == "write" and record.get("result") == "error":
+            text = f"write of config v{record['version']} FAILED: {record.get('error')}"
+        elif event == "write":
+            self.story.rejected.append((node.name, int(record["token"]), int(record["current"])))
+            text = (
+                f"writes config v{record['version']}, token {record['token']}"
+                f" -> REJECTED: stale, mark is {record['current']}"
+            )
+        elif event == "lost":
+            node.token = None
+            node.belief = "stepped-down"
+            text = "notices it lost leadership: stops working, campaigns again"
+        elif event == "resigned":
+            node.token = None
+            node.belief = "resigned"
+            text = "resigns (demo over)"
+        elif event == "crashed":
+            text = f"crashed: {record.get('error')}"
+        elif event == "exit":
+            node.exited = True
+            node.belief = "exited"
+            text = "exits"
+        if text is not None:
+            mark = record.get("mark")
+            self.line(node.name, text, at, mark if isinstance(mark, int) else None)
+
+    def _stderr_tail(self, node: _Node) -> str:
+        with contextlib.suppress(OSError, ValueError):
+            node.stderr.seek(0)
+            tail = node.stderr.read()[-2000:].strip()
+            if tail:
+                return f"\n--- {node.name} stderr ---\n{tail}"
+        return ""
+
+    # -- the story ----------------------------------------------------------------------
+
+    def play(self) -> bool:
+        ttl = self.ttl
+        a = self.spawn("A")
+        self.expect("A to be elected", lambda n, r: n == "A" and r["event"] == "elected", 20)
+        self.expect("A's first write", lambda n, r: n == "A" and r["event"] == "write", 10)
+        b = self.spawn("B")
+        self.expect(
+            "B to see A lead",
+            lambda n, r: n == "B" and r["event"] == "sees" and r.get("leader") == "A",
+            20,
+        )
+        self.send(a, "write")
+        self.expect("A to decide to write", lambda n, r: n == "A" and r["event"] == "deciding", 10)
+        self.signal(a, signal.SIGSTOP)
+        a.frozen = True
+        frozen_at = time.monotonic()
+        self.line("demo", "SIGSTOP A between deciding and writing (think: GC pause)")
+        self.send(a, "go")  # waits in A's stdin pipe: the write it will do on waking
+        self.expect(
+            "B to be elected after A's lease expired",
+            lambda n, r: n == "B" and r["event"] == "elected",
+            ttl + 15,
+        )
+        self.expect("B's write", lambda n, r: n == "B" and r["event"] == "write", 10)
+        self.line("demo", "A's lease expired while frozen: two nodes think they lead")
+        time.sleep(max(0.3, ttl + 0.5 - (time.monotonic() - frozen_at)))
+        self.signal(a, signal.SIGCONT)
+        a.frozen = False
+        self.line(
+            "demo",
+            f"SIGCONT A after {time.monotonic() - frozen_at:.1f}s: "
+            f"it resumes mid-write, token {a.token}",
+        )
+        self.expect("A's delayed write", lambda n, r: n == "A" and r["event"] == "write", 10)
+        self.expect("A to notice it lost", lambda n, r: n == "A" and r["event"] == "lost", 10)
+        self.drain(0.5)
+        outcome = self.judge()
+        # A (now a follower) first: were B to resign first, A would lead and write again.
+        for node in (a, b):
+            self.send(node, "quit")
+            with contextlib.suppress(DemoFailed):  # cleanup() makes sure of it anyway
+                self.expect(
+                    f"{node.name} to exit",
+                    lambda n, r, who=node.name: n == who and r["event"] == "exit",  # type: ignore[misc]
+                    5,
+                )
+        return self.verdict(outcome)
+
+    def judge(self) -> dict[str, Any]:
+        """Everything the verdict needs, read right after the story's climax."""
+        assert self.client is not None
+        kv = self.client.get(CONFIG_KEY)
+        return {
+            "raw": kv.value.decode() if kv is not None else None,
+            "config": json.loads(kv.value) if kv is not None else None,
+            "mark": self.mark(),
+            "accepted": list(self.story.accepted),
+            "rejected": list(self.story.rejected),
+        }
+
+    def verdict(self, outcome: dict[str, Any]) -> bool:
+        self.mark()  # one last read for the history check
+        marks = self.story.marks
+        monotonic = all(x <= y for x, y in itertools.pairwise(marks))
+        a_rejected = [r for r in outcome["rejected"] if r[0] == "A"]
+        a_tokens = [t for n, t in outcome["accepted"] if n == "A"]
+        b_tokens = [t for n, t in outcome["accepted"] if n == "B"]
+        config = outcome["config"]
+        history = " -> ".join(str(m) for i, m in enumerate(marks) if i == 0 or m != marks[i - 1])
+        self.out.write("\n")
+        self.out.write(f"config in etcd after the stale write ({CONFIG_KEY}): {outcome['raw']}\n")
+        self.out.write(f"fence mark history (every read, in order): {history}\n")
+        ok = (
+            bool(a_rejected)
+            and monotonic
+            and bool(b_tokens)
+            and config is not None
+            and config.get("writer") == "B"
+            and all(t < min(b_tokens) for t in a_tokens)
+        )
+        if ok:
+            token, current = a_rejected[0][1], a_rejected[0][2]
+            self.out.write(
+                "without the fence, A's late write would have replaced B's config while B "
+                "believed itself the only leader.\n"
+            )
+            self.out.write(
+                f"verdict: PASS — zombie leader A's write with token {token} was rejected "
+                f"(mark {current}); the mark never decreased; the config keeps B's write.\n"
+            )
+        else:
+            why = []
+            if not a_rejected:
+                why.append("A's stale write was NOT rejected")
+            if not monotonic:
+                why.append("the mark decreased")
+            if not config or config.get("writer") != "B":
+                why.append(f"the config holds {config!r}, not B's write")
+            self.out.write(f"verdict: FAIL — {'; '.join(why) or 'unexpected story'}\n")
+        self.out.flush()
+        return ok
+
+    def cleanup(self) -> None:
+        for node in self.nodes.values():
+            proc = node.proc
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signal.SIGCONT)
+                    proc.send_signal(signal.SIGTERM)
+        for node in self.nodes.values():
+            proc = node.proc
+            try:
+                proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout, node.stderr):
+                with contextlib.suppress(OSError, AttributeError):
+                    stream.close()  # type: ignore[union-attr]
+
+
+def run_demo(*, ttl: int = 2, out: IO[str] | None = None) -> int:
+    """Play the zombie-leader story; 0 if the fence rejected the stale write, else 1."""
+    from .testing import EtcdServer, EtcdStartError
+
+    stream = sys.stdout if out is None else out
+    demo = _Demo(stream, ttl)
+    stream.write(
+        "etcdfence demo: a leader frozen mid-write comes back as a zombie; the fence stops it.\n"
+        f"  election {ELECTION!r} (lease ttl {ttl}s), config key {CONFIG_KEY!r} written "
+        f"through fence {RESOURCE!r}\n"
+        "  columns: time since start, node, what happened, [what each node believes], "
+        "the fence's mark\n\n"
+    )
+    alarm = threading.Timer(DEMO_BUDGET, lambda: os.kill(os.getpid(), signal.SIGALRM))
+    previous = signal.getsignal(signal.SIGALRM)
+
+    def over_budget(signum: int, frame: Any) -> None:
+        raise DemoFailed(f"the demo took longer than {DEMO_BUDGET:.0f}s")
+
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        signal.signal(signal.SIGALRM, over_budget)
+        alarm.daemon = True
+        alarm.start()
+    server = EtcdServer()
+    try:
+        try:
+            server.start()
+        except EtcdStartError as exc:
+            raise DemoFailed(f"could not start the embedded etcd: {exc}") from None
+        demo.endpoint = server.endpoint
+        demo.client = Client(server.endpoint, timeout=3.0)
+        version = ".".join(map(str, server.version))
+        demo.line("demo", f"embedded etcd {version} up at {server.endpoint} (pid {server.pid})")
+        ok = demo.play()
+    except (DemoFailed, EtcdfenceError, OSError) as exc:
+        stream.write(f"\nverdict: FAIL — {exc}\n")
+        ok = False
+    finally:
+        alarm.cancel()
+        if in_main:
+            signal.signal(signal.SIGALRM, previous)
+        demo.cleanup()
+        if demo.client is not None:
+            demo.client.close()
+        server.stop()
+    stream.flush()
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m etcdfence._demo [contender ...]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "contender":
+        return contender_main(argv[1:])
+    return run_demo()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,674 @@
+"""The ``etcdfence`` CLI driven the way an operator drives it: as subprocesses against a
+real etcd, checking stdout, stderr and exit codes (``etcdfence.cli.EXIT_*``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import etcdfence as ef
+from etcdfence import cli
+
+PYTHON = sys.executable
+CONSOLE_SCRIPT = Path(sys.executable).parent / "etcdfence"
+
+
+# -------------------------------------------------------------------------- helpers
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """Our environment without any etcdfence/etcdctl settings of the developer's shell."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ETCDFENCE_", "ETCDCTL_", "ETCD_LOCK_"))
+    }
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def env(etcd_endpoints: list[str]) -> dict[str, str]:
+    """Environment for CLI processes, pointing at the test etcd via ETCDFENCE_ENDPOINTS."""
+    return clean_env(ETCDFENCE_ENDPOINTS=",".join(etcd_endpoints))
+
+
+def etcdfence(
+    *args: str, env: dict[str, str], timeout: float = 30.0
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "etcdfence", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def start(*args: str, env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(
+        [PYTHON, "-m", "etcdfence", *args],
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        **kwargs,
+    )
+
+
+class Lines:
+    """Collects a stream's lines in a background thread."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate: Callable[[str], bool], timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            for line in self.lines[seen:]:
+                if predicate(line):
+                    return line
+            seen = len(self.lines)
+            time.sleep(0.02)
+        raise AssertionError(f"no matching line within {timeout}s; got {self.lines!r}")
+
+    def join(self, timeout: float = 5.0) -> list[str]:
+        self._thread.join(timeout)
+        return self.lines
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(0.05)
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("etcdfence: error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) no longer runs anything.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts; whatever is still running at the end is killed."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)
+
+
+# -------------------------------------------------------------------------- no etcd needed
+
+
+def test_help_documents_commands_examples_and_exit_codes() -> None:
+    result = etcdfence("--help", env=clean_env())
+    assert result.returncode == 0
+    for word in ("lock", "run", "leader", "observe", "fence", "etcd", "demo", "examples:"):
+        assert word in result.stdout
+    for code in (0, 1, 2, 3, 4, 5, 6, 124):
+        assert re.search(rf"^\s+{code}\s", result.stdout, re.M), code
+    for command in (
+        ["lock"],
+        ["run"],
+        ["leader"],
+        ["observe"],
+        ["fence"],
+        ["fence", "show"],
+        ["fence", "put"],
+        ["etcd"],
+        ["demo"],
+    ):
+        sub = etcdfence(*command, "--help", env=clean_env())
+        assert sub.returncode == 0, command
+        assert "examples:" in sub.stdout and "exit codes:" in sub.stdout, command
+        assert "--endpoints" in sub.stdout, command  # connection options everywhere
+
+
+def test_exit_code_constants() -> None:
+    assert (cli.EXIT_OK, cli.EXIT_ERROR, cli.EXIT_USAGE, cli.EXIT_UNAVAILABLE) == (0, 1, 2, 3)
+    assert (cli.EXIT_STALE, cli.EXIT_AUTH, cli.EXIT_LOST, cli.EXIT_TIMEOUT) == (4, 5, 6, 124)
+    assert cli.exit_code_for(ef.StaleTokenError("r", 1, 2)) == cli.EXIT_STALE
+    assert cli.exit_code_for(ef.TLSError("x")) == cli.EXIT_AUTH
+    assert cli.exit_code_for(ef.EtcdUnavailable("x")) == cli.EXIT_UNAVAILABLE
+    assert cli.exit_code_for(ef.NotLeader("x")) == cli.EXIT_LOST
+    assert cli.exit_code_for(ef.AcquireTimeout("x")) == cli.EXIT_TIMEOUT
+
+
+def test_console_script_and_module_agree() -> None:
+    script = subprocess.run(
+        [str(CONSOLE_SCRIPT), "--version"], capture_output=True, text=True, env=clean_env()
+    )
+    module = etcdfence("--version", env=clean_env())
+    assert script.returncode == module.returncode == 0
+    assert script.stdout == module.stdout == f"etcdfence {ef.__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--bogus"],
+        ["nosuchcommand"],
+        ["lock"],
+        ["lock", "x", "--ttl", "0"],
+        ["lock", "x", "--timeout-acquire", "soon"],
+        ["run", "x", "--", "true"],  # no --id
+        ["run", "x", "--id", "a"],  # no command
+        ["fence", "put", "r", "k", "v", "--token", "abc"],
+        ["fence", "put", "r", "k", "v", "--token", "0"],
+        ["fence"],
+        ["etcd", "--members", "0"],
+        ["--timeout", "-1", "leader", "x"],
+        ["--endpoints", "ftp://127.0.0.1:2379", "leader", "x"],  # bad endpoint
+        ["leader", ""],  # empty name
+        ["leader", "x/"],  # trailing slash
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str]) -> None:
+    result = etcdfence(*args, env=clean_env(ETCDFENCE_ENDPOINTS="http://127.0.0.1:1"))
+    assert result.returncode == cli.EXIT_USAGE, result
+    one_error_line(result.stderr)
+
+
+def test_fence_put_without_any_token_is_a_usage_error() -> None:
+    result = etcdfence(
+        "fence", "put", "r", "k", "v", env=clean_env(ETCDFENCE_ENDPOINTS="http://127.0.0.1:1")
+    )
+    assert result.returncode == cli.EXIT_USAGE
+    assert "no fencing token" in one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "args", [["leader", "x"], ["fence", "show", "r"], ["lock", "x", "--", "true"]]
+)
+def test_unreachable_endpoint_exits_3_within_the_timeout(args: list[str]) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    result = etcdfence("--endpoints", endpoint, "--timeout", "1", *args, env=clean_env())
+    elapsed = time.monotonic() - started
+    assert result.returncode == cli.EXIT_UNAVAILABLE, result
+    assert endpoint in one_error_line(result.stderr)
+    assert elapsed < 1.0 + 3.0  # the timeout, plus interpreter start-up and one retry wait
+
+
+# -------------------------------------------------------------------------- against etcd
+
+
+@pytest.mark.integration
+def test_lock_runs_the_command_with_the_token_and_returns_its_code(
+    env: dict[str, str], etcd_namespace: str, etcd_client: ef.Client
+) -> None:
+    name = f"{etcd_namespace}/lock"
+    script = 'echo "$ETCDFENCE_TOKEN $ETCD_LOCK_REV $ETCD_LOCK_KEY $ETCDFENCE_KEY"; exit 7'
+    result = etcdfence("lock", name, "--", "sh", "-c", script, env=env)
+    assert result.returncode == 7, result
+    token, lock_rev, key, fence_key = result.stdout.split()
+    assert token == lock_rev and int(token) > 0
+    assert key == fence_key and re.fullmatch(re.escape(name) + r"/[0-9a-f]+", key)
+    assert etcd_client.get(key) is None, "the lock is released when the command exits"
+    assert etcd_client.get_prefix(name + "/") == []
+
+    # The token is usable by the child with the library (FencingToken.from_env).
+    child = "import etcdfence as ef; t = ef.FencingToken.from_env(); print(t.value, t.key)"
+    result = etcdfence("lock", name, "--", PYTHON, "-c", child, env=env)
+    assert result.returncode == 0, result
+    value, key2 = result.stdout.split()
+    assert int(value) > int(token) and key2.startswith(name + "/")
+
+
+@pytest.mark.integration
+def test_lock_command_not_found_exits_127(env: dict[str, str], etcd_namespace: str) -> None:
+    result = etcdfence("lock", f"{etcd_namespace}/l", "--", "/no/such/program", env=env)
+    assert result.returncode == cli.EXIT_NOT_FOUND
+    assert "command not found" in one_error_line(result.stderr)
+
+
+@pytest.mark.integration
+def test_lock_holds_until_signalled_and_queues_others(
+    env: dict[str, str], etcd_namespace: str, etcd_client: ef.Client, procs: list[Any]
+) -> None:
+    name = f"{etcd_namespace}/held"
+    holder = start("lock", name, env=env)
+    procs.append(holder)
+    out = Lines(holder.stdout)
+    key, token = out.wait_for(lambda line: bool(line.strip())).split()
+    assert key.startswith(name + "/") and int(token) > 0
+    assert etcd_client.get(key) is not None
+
+    waiter = etcdfence("lock", name, "--timeout-acquire", "0.5", "--", "true", env=env)
+    assert waiter.returncode == cli.EXIT_TIMEOUT
+    one_error_line(waiter.stderr)
+    assert [kv.key.decode() for kv in etcd_client.get_prefix(name + "/")] == [key], (
+        "the timed-out waiter left nothing behind"
+    )
+
+    second = start("lock", name, "--", "sh", "-c", "echo $ETCD_LOCK_REV", env=env)
+    procs.append(second)
+    time.sleep(0.5)
+    assert second.poll() is None, "second locker must wait for the holder"
+    assert stop(holder, signal.SIGTERM) == 0
+    assert second.wait(10) == 0
+    assert second.stdout is not None
+    assert int(second.stdout.read().strip()) > int(token)
+    assert etcd_client.get_prefix(name + "/") == []
+
+
+@pytest.mark.integration
+def test_lock_waiting_is_abandoned_cleanly_on_sigint(
+    env: dict[str, str], etcd_namespace: str, etcd_client: ef.Client, procs: list[Any]
+) -> None:
+    name = f"{etcd_namespace}/wait"
+    holder = start("lock", name, env=env)
+    procs.append(holder)
+    Lines(holder.stdout).wait_for(bool)
+    waiter = start("lock", name, "--", "true", env=env)
+    procs.append(waiter)
+    wait_until(lambda: len(etcd_client.get_prefix(name + "/")) == 2, what="waiter queued")
+    assert stop(waiter, signal.SIGINT) == 128 + signal.SIGINT
+    assert len(etcd_client.get_prefix(name + "/")) == 1, "the waiter's key was removed"
+    assert stop(holder) == 0
+
+
+@pytest.mark.integration
+def test_lock_stops_the_command_and_exits_6_when_the_session_expires(
+    env: dict[str, str], etcd_namespace: str, etcd_client: ef.Client, tmp_path: Path
+) -> None:
+    name = f"{etcd_namespace}/lost"
+    pidfile = tmp_path / "child.pid"
+    script = f"echo $$ > {pidfile}; exec sleep 60"
+    proc = start("lock", name, "--ttl", "1", "--grace", "1", "--", "sh", "-c", script, env=env)
+    try:
+        wait_until(pidfile.exists, what="child started")
+        child = int(wait_until(lambda: pidfile.read_text().strip(), what="child pid"))
+        proc.send_signal(signal.SIGSTOP)  # frozen past its lease
+        wait_until(lambda: etcd_client.get_prefix(name + "/") == [], what="lease expired")
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(10) == cli.EXIT_LOST
+        assert not alive(child)
+        assert proc.stderr is not None
+        assert "lost the lock" in proc.stderr.read()
+    finally:
+        stop(proc, signal.SIGKILL)
+
+
+def _leader_json(env: dict[str, str], name: str) -> dict[str, Any]:
+    result = etcdfence("leader", name, env=env)
+    assert result.returncode == 0, result
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1
+    record: dict[str, Any] = json.loads(lines[0])
+    return record
+
+
+@pytest.mark.integration
+def test_leader_and_observe_print_json_lines(
+    env: dict[str, str], etcd_namespace: str, procs: list[Any]
+) -> None:
+    name = f"{etcd_namespace}/svc"
+    nobody = _leader_json(env, name)
+    assert nobody == {
+        "name": name,
+        "key": None,
+        "value": None,
+        "encoding": None,
+        "create_revision": None,
+        "lease_id": None,
+        "revision": None,
+    }
+    observer = start("observe", name, env=env)
+    procs.append(observer)
+    seen = Lines(observer.stdout)
+    seen.wait_for(lambda line: json.loads(line)["key"] is None)
+
+    supervisor = start("run", name, "--id", "node-a", "--ttl", "2", "--", "sleep", "60", env=env)
+    procs.append(supervisor)
+    err = Lines(supervisor.stderr)
+    wait_until(lambda: _leader_json(env, name)["value"] == "node-a", what="node-a leads")
+    record = _leader_json(env, name)
+    assert record["name"] == name and record["encoding"] == "utf-8"
+    assert record["key"] == f"{name}/{record['lease_id']}"
+    assert re.fullmatch(r"[0-9a-f]+", record["lease_id"])
+    assert isinstance(record["create_revision"], int)
+    assert record["revision"] >= record["create_revision"]
+    seen.wait_for(lambda line: json.loads(line)["value"] == "node-a")
+
+    child_pid = int(
+        re.search(r"\(pid (\d+)", err.wait_for(lambda line: "started" in line)).group(1)  # type: ignore[union-attr]
+    )
+    assert stop(supervisor, signal.SIGTERM) == 0, "a requested shutdown exits 0"
+    assert not alive(child_pid), "the command is stopped with the supervisor"
+    assert _leader_json(env, name)["key"] is None, "the supervisor resigned"
+    seen.wait_for(lambda line: json.loads(line)["key"] is None and len(seen.lines) > 2)
+
+    assert stop(observer, signal.SIGINT) == 0
+    records = [json.loads(line) for line in seen.join()]
+    assert [r["value"] for r in records] == [None, "node-a", None]
+    assert all(set(r) == set(nobody) for r in records)
+
+
+@pytest.mark.integration
+def test_leader_value_that_is_not_utf8_is_base64(
+    env: dict[str, str], etcd_namespace: str, etcd_client: ef.Client
+) -> None:
+    name = f"{etcd_namespace}/binary"
+    with etcd_client.session(ttl=5) as session:
+        session.election(name).campaign(b"\xff\x00bin")
+        record = _leader_json(env, name)
+    assert record["encoding"] == "base64"
+    assert base64.b64decode(record["value"]) == b"\xff\x00bin"
+
+
+@pytest.mark.integration
+def test_fence_put_show_and_stale_token_exits_4(
+    env: dict[str, str], etcd_namespace: str, etcd_client: ef.Client
+) -> None:
+    resource, key = f"{etcd_namespace}/res", f"{etcd_namespace}/data"
+    shown = json.loads(etcdfence("fence", "show", resource, env=env).stdout)
+    assert shown == {"resource": resource, "key": f"/etcdfence/fence/{resource}", "mark": 0}
+
+    ok = etcdfence("fence", "put", resource, key, "v100", "--token", "100", env=env)
+    assert ok.returncode == 0, ok
+    written = json.loads(ok.stdout)
+    assert written["token"] == 100 and written["key"] == key and written["revision"] > 0
+    assert json.loads(etcdfence("fence", "show", resource, env=env).stdout)["mark"] == 100
+
+    stale = etcdfence("fence", "put", resource, key, "v50", "--token", "50", env=env)
+    assert stale.returncode == cli.EXIT_STALE
+    line = one_error_line(stale.stderr)
+    assert "stale" in line and "50" in line and "100" in line
+    assert stale.stdout == ""
+    kv = etcd_client.get(key)
+    assert kv is not None and kv.value == b"v100", "a stale write changes nothing"
+
+    # The token can come from the environment, as under `etcdctl lock` / `etcdfence lock`.
+    from_env = etcdfence("fence", "put", resource, key, "v200", env={**env, "ETCD_LOCK_REV": "200"})
+    assert from_env.returncode == 0, from_env
+    assert json.loads(etcdfence("fence", "show", resource, env=env).stdout)["mark"] == 200
+
+
+@pytest.mark.integration
+def test_endpoints_option_beats_the_environment(etcd_endpoints: list[str]) -> None:
+    good = ",".join(etcd_endpoints)
+    bad = f"http://127.0.0.1:{free_port()}"
+    env = clean_env(ETCDFENCE_ENDPOINTS=bad)
+    assert etcdfence("--endpoints", good, "leader", "x", env=env).returncode == 0
+    assert etcdfence("leader", "x", "--endpoints", good, env=env).returncode == 0
+    assert etcdfence("leader", "x", env=clean_env(ETCDCTL_ENDPOINTS=good)).returncode == 0
+    both = clean_env(ETCDFENCE_ENDPOINTS=good, ETCDCTL_ENDPOINTS=bad)
+    assert etcdfence("--timeout", "1", "leader", "x", env=both).returncode == 0
+
+
+@pytest.mark.integration
+def test_run_resigns_and_returns_the_commands_exit_code(
+    env: dict[str, str], etcd_namespace: str
+) -> None:
+    name = f"{etcd_namespace}/job"
+    script = 'echo "$ETCDFENCE_TOKEN $ETCDFENCE_KEY"; exit 5'
+    result = etcdfence("run", name, "--id", "solo", "--", "sh", "-c", script, env=env)
+    assert result.returncode == 5, result
+    token, key = result.stdout.split()
+    assert int(token) > 0 and key.startswith(name + "/")
+    assert "elected leader" in result.stderr and "resigning" in result.stderr
+    assert _leader_json(env, name)["key"] is None
+
+
+WRITER = """
+import os, sys, time
+import structlog
+import etcdfence as ef
+
+structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+resource, log = sys.argv[1], sys.argv[2]
+token = ef.FencingToken.from_env()
+client = ef.Client(os.environ["ETCDFENCE_ENDPOINTS"], timeout=2)
+guard = client.fence(resource)
+with open(log, "a", buffering=1) as out:
+    out.write(f"start {os.getpid()} {token.value}\\n")
+    while True:
+        try:
+            guard.put(token, resource + "-data", str(token.value))
+            out.write(f"ok {token.value} {time.monotonic()}\\n")
+        except ef.StaleTokenError as exc:
+            out.write(f"stale {token.value} {exc.current} {time.monotonic()}\\n")
+        time.sleep(0.05)
+"""
+
+
+def _log(path: Path) -> list[list[str]]:
+    try:
+        return [line.split() for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.integration
+def test_run_supervisor_frozen_by_sigstop_loses_and_stops_its_command(
+    env: dict[str, str], etcd_namespace: str, etcd_client: ef.Client, tmp_path: Path
+) -> None:
+    name, resource = f"{etcd_namespace}/elect", f"{etcd_namespace}/res"
+    writer = tmp_path / "writer.py"
+    writer.write_text(WRITER)
+    logs = {node: tmp_path / f"{node}.log" for node in ("a", "b")}
+
+    def supervise(node: str) -> subprocess.Popen[str]:
+        return start(
+            "run", name, "--id", node, "--ttl", "1", "--grace", "1", "--",
+            PYTHON, str(writer), resource, str(logs[node]),
+            env=env, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    a = supervise("a")
+    b: subprocess.Popen[str] | None = None
+    try:
+        a_err = Lines(a.stderr)
+        wait_until(lambda: any(r[0] == "ok" for r in _log(logs["a"])), what="a's command writes")
+        a_child, a_token = (int(x) for x in _log(logs["a"])[0][1:3])
+        b = supervise("b")
+        b_err = Lines(b.stderr)
+        wait_until(lambda: len(etcd_client.get_prefix(name + "/")) == 2, what="b queued")
+
+        a.send_signal(signal.SIGSTOP)  # the supervisor freezes; its command keeps running
+        wait_until(lambda: any(r[0] == "ok" for r in _log(logs["b"])), 10, "b's command writes")
+        b_token = int(_log(logs["b"])[0][2])
+        assert b_token > a_token
+        # A's command is still running and writing with the old token: the fence rejects it.
+        wait_until(
+            lambda: any(r[0] == "stale" for r in _log(logs["a"])), 5, "a's command is fenced"
+        )
+        assert alive(a_child), "a's command outlives its frozen supervisor (that is the point)"
+
+        woke = time.monotonic()
+        a.send_signal(signal.SIGCONT)
+        wait_until(lambda: not alive(a_child), 5, "a's command stopped after its supervisor woke")
+        assert time.monotonic() - woke < 1.0 + 1.5  # at once: SIGTERM; --grace 1 at most
+        a_err.wait_for(lambda line: "leadership lost" in line)
+
+        stale = [r for r in _log(logs["a"]) if r[0] == "stale"]
+        assert all(int(r[2]) >= b_token for r in stale)
+        assert etcd_client.fence(resource).current() == b_token
+        kv = etcd_client.get(resource + "-data")
+        assert kv is not None and kv.value == str(b_token).encode()
+
+        # a campaigns again and queues behind b; b's command keeps its lead.
+        wait_until(lambda: len(etcd_client.get_prefix(name + "/")) == 2, 5, "a re-campaigns")
+        assert _leader_json(env, name)["value"] == "b"
+        b_child = int(_log(logs["b"])[0][1])
+        assert stop(b, signal.SIGTERM) == 0
+        assert not alive(b_child)
+        b_err.wait_for(lambda line: "shutting down" in line)
+        # b resigned: a is elected again, with a fresh, larger token.
+        a_err.wait_for(lambda line: "elected leader" in line and f"token {a_token})" not in line)
+        assert stop(a, signal.SIGTERM) == 0
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                stop(proc, signal.SIGKILL)
+        for log in logs.values():  # no command may survive its supervisor
+            for record in _log(log):
+                if record[0] == "start":
+                    pid = int(record[1])
+                    if alive(pid):
+                        os.kill(pid, signal.SIGKILL)
+                        raise AssertionError(f"command {pid} outlived its supervisor")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_demo_rejects_the_zombie_write_and_leaves_nothing_behind() -> None:
+    started = time.monotonic()
+    result = subprocess.run(
+        [PYTHON, "-m", "etcdfence", "demo"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=80,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "REJECTED" in out and "verdict: PASS" in out
+    assert re.search(r"^t\+\s*\d+\.\d\ds\s+A\s+elected leader, fencing token \d+", out, re.M)
+    assert "SIGSTOP A" in out and "SIGCONT A" in out
+    assert elapsed < 60
+    for pid in map(int, re.findall(r"\(pid (\d+)", out)):
+        assert not alive(pid), f"demo left process {pid} behind"
+
+
+@pytest.mark.integration
+def test_etcd_command_serves_until_sigterm() -> None:
+    proc = start("etcd", env=clean_env())
+    try:
+        out = Lines(proc.stdout)
+        err = Lines(proc.stderr)
+        endpoints = out.wait_for(lambda line: line.startswith("http://"), timeout=30)
+        assert out.wait_for(lambda line: line.startswith("export")) == (
+            f"export ETCDFENCE_ENDPOINTS={endpoints}"
+        )
+        assert all(e.startswith("http://127.0.0.1:") for e in endpoints.split(","))
+        info = err.wait_for(lambda line: "running" in line)
+        etcd_pid = int(re.search(r"pid (\d+)", info).group(1))  # type: ignore[union-attr]
+        result = etcdfence("leader", "x", env=clean_env(ETCDFENCE_ENDPOINTS=endpoints))
+        assert result.returncode == 0, result
+        assert stop(proc, signal.SIGTERM, timeout=15) == 0
+        assert not alive(etcd_pid)
+    finally:
+        stop(proc, signal.SIGKILL)
+
+
+@pytest.mark.integration
+def test_user_option_and_auth_errors_exit_5(tmp_path: Path) -> None:
+    from etcdfence.testing import EtcdServer, find_etcdctl
+
+    with EtcdServer() as server:
+        ctl = [find_etcdctl(server.binary), f"--endpoints={server.endpoint}"]
+        ctl_env = {"ETCDCTL_API": "3", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        for args in (
+            ["user", "add", "root:rootpw"],
+            ["user", "add", "app:apppw"],
+            ["role", "add", "app"],
+            ["role", "grant-permission", "app", "--prefix=true", "readwrite", "app/"],
+            ["user", "grant-role", "app", "app"],
+            ["auth", "enable", "--user", "root:rootpw"],
+        ):
+            subprocess.run(ctl + args, check=True, capture_output=True, env=ctl_env, timeout=20)
+        env = clean_env(ETCDFENCE_ENDPOINTS=server.endpoint)
+
+        for args in (
+            ["--user", "root:nope"],
+            [],  # no credentials at all
+            ["--user", "app:apppw"],  # outside the role's prefix: permission denied
+        ):
+            result = etcdfence(*args, "leader", "other/x", env=env)
+            assert result.returncode == cli.EXIT_AUTH, (args, result)
+            one_error_line(result.stderr)
+
+        assert etcdfence("--user", "root:rootpw", "leader", "x", env=env).returncode == 0
+        assert (
+            etcdfence("leader", "x", "--user", "root", "--password", "rootpw", env=env).returncode
+            == 0
+        )
+        assert etcdfence("leader", "app/x", "--user", "app:apppw", env=env).returncode == 0
+        from_env = {**env, "ETCDFENCE_USER": "root", "ETCDFENCE_PASSWORD": "rootpw"}
+        assert etcdfence("leader", "x", env=from_env).returncode == 0
+        script = "echo $ETCDFENCE_TOKEN"
+        locked = etcdfence(
+            "--user", "app:apppw", "lock", "app/l", "--", "sh", "-c", script, env=env
+        )
+        assert locked.returncode == 0 and int(locked.stdout) > 0, locked
+
+        no_password = etcdfence("--user", "root", "leader", "x", env=env)
+        assert no_password.returncode == cli.EXIT_USAGE
+        assert "no password" in one_error_line(no_password.stderr)
+
+    missing_ca = etcdfence(
+        "--cacert", str(tmp_path / "nope.pem"), "--endpoints", "https://127.0.0.1:1",
+        "leader", "x", env=clean_env(),
+    )  # fmt: skip
+    assert missing_ca.returncode == cli.EXIT_USAGE
+    assert "CA file" in one_error_line(missing_ca.stderr)

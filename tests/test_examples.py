@@ -1,0 +1,279 @@
+"""Every script in ``examples/`` runs as a subprocess against a real etcd and does what
+its docstring promises (output and exit code)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import etcdfence as ef
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+PYTHON = sys.executable
+OURS = ["leader_job.py", "fenced_config.py", "http_service.py", "async_service.py"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ETCDFENCE_", "ETCDCTL_", "ETCD_LOCK_"))
+    }
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def env(etcd_endpoints: list[str]) -> dict[str, str]:
+    """The examples find etcd through ETCDFENCE_ENDPOINTS, as documented."""
+    return clean_env(ETCDFENCE_ENDPOINTS=",".join(etcd_endpoints))
+
+
+def example(
+    script: str, *args: str, env: dict[str, str], timeout: float = 30.0
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def spawn(script: str, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [PYTHON, str(EXAMPLES / script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 30.0) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
+
+
+def tokens_of(output: str, pattern: str) -> list[int]:
+    return [int(t) for t in re.findall(pattern, output)]
+
+
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_example_has_a_docstring_and_help(script: str) -> None:
+    tree = ast.parse((EXAMPLES / script).read_text())
+    docstring = ast.get_docstring(tree)
+    assert docstring and len(docstring.splitlines()) > 3, f"{script} needs a module docstring"
+    result = example(script, "--help", env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout
+
+
+@pytest.mark.integration
+def test_leader_job_runs_on_one_node_at_a_time(env: dict[str, str], etcd_namespace: str) -> None:
+    name = f"{etcd_namespace}/job"
+    common = ["--name", name, "--ttl", "2", "--interval", "0.2"]
+    first = spawn("leader_job.py", "--id", "first", "--iterations", "3", *common, env=env)
+    time.sleep(0.5)  # let "first" win; "second" queues behind it
+    second = spawn("leader_job.py", "--id", "second", "--iterations", "2", *common, env=env)
+    code1, out1, err1 = finish(first)
+    code2, out2, err2 = finish(second)
+    assert (code1, code2) == (0, 0), err1 + err2
+    runs1 = tokens_of(out1, r"\[first\] run \d+ \(token (\d+)\)")
+    runs2 = tokens_of(out2, r"\[second\] run \d+ \(token (\d+)\)")
+    assert len(runs1) == 3 and len(runs2) == 2
+    assert max(runs1) < min(runs2), "the later leader carries the larger token"
+    assert "done after 3 run(s)" in out1 and "done after 2 run(s)" in out2
+
+    with ef.Client(env["ETCDFENCE_ENDPOINTS"]) as client:
+        assert client.fence(name).current() == runs2[0]
+        kv = client.get(f"results/{name}")
+        assert kv is not None and json.loads(kv.value)["by"] == "second"
+
+
+@pytest.mark.integration
+def test_leader_job_duration_bounds_the_run(env: dict[str, str], etcd_namespace: str) -> None:
+    started = time.monotonic()
+    result = example(
+        "leader_job.py",
+        *("--name", f"{etcd_namespace}/timed", "--id", "solo", "--duration", "1"),
+        *("--interval", "0.2", "--endpoints", env["ETCDFENCE_ENDPOINTS"]),
+        env=clean_env(),
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(re.findall(r"\[solo\] run \d+", result.stdout)) >= 3
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.integration
+def test_fenced_config_locks_writes_and_rejects_stale_tokens(
+    env: dict[str, str], etcd_namespace: str, etcd_client: ef.Client
+) -> None:
+    resource, key = f"{etcd_namespace}/config", f"{etcd_namespace}/config-db"
+    args = ["--resource", resource, "--key", key]
+
+    first = example("fenced_config.py", *args, "--value", "v1", env=env)
+    assert first.returncode == 0, first.stderr
+    assert f"acquired 'locks/{resource}'" in first.stdout
+    (token1,) = tokens_of(first.stdout, r"wrote \S+ with token (\d+)")
+    assert etcd_client.fence(resource).current() == token1
+
+    stale = example("fenced_config.py", *args, "--value", "old", "--token", "1", env=env)
+    assert stale.returncode == 4
+    assert "rejected: stale fencing token" in stale.stdout
+    kv = etcd_client.get(key)
+    assert kv is not None and kv.value == b"v1"
+
+    # Under `etcdfence lock`, the token comes from the environment.
+    locked = subprocess.run(
+        [PYTHON, "-m", "etcdfence", "lock", f"locks/{resource}", "--",
+         PYTHON, str(EXAMPLES / "fenced_config.py"), *args, "--value", "v2"],
+        capture_output=True, text=True, env=env, timeout=30,
+    )  # fmt: skip
+    assert locked.returncode == 0, locked.stderr
+    assert "acquired" not in locked.stdout
+    (token2,) = tokens_of(locked.stdout, r"wrote \S+ with token (\d+)")
+    assert token2 > token1
+
+    replay = example("fenced_config.py", *args, "--value", "late", "--token", str(token1), env=env)
+    assert replay.returncode == 4
+    kv = etcd_client.get(key)
+    assert kv is not None and kv.value == b"v2"
+
+
+def _request(url: str, method: str = "GET", data: bytes | None = None, **headers: str) -> Any:
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.mark.integration
+def test_http_service_fences_writes_by_header(
+    env: dict[str, str], etcd_namespace: str, etcd_client: ef.Client
+) -> None:
+    resource = f"{etcd_namespace}/store"
+    server = spawn("http_service.py", "serve", "--port", "0", "--resource", resource, env=env)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        match = re.match(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        assert match, line
+        url = match.group(1)
+
+        # Two terms of one lock: the old holder's token and the new holder's.
+        tokens = []
+        for _ in range(2):
+            with etcd_client.session(ttl=5) as session, session.lock(resource) as token:
+                tokens.append(token)
+        old, new = tokens
+        assert old < new
+
+        status, body = _request(
+            f"{url}/kv/greeting", "PUT", b"hello", **{"Fencing-Token": str(new)}
+        )
+        assert status == 200 and json.loads(body)["token"] == new.value
+        status, body = _request(
+            f"{url}/kv/greeting", "PUT", b"zombie", **{"Fencing-Token": str(old)}
+        )
+        assert status == 409
+        assert json.loads(body) == {
+            "error": "stale token",
+            "token": old.value,
+            "current": new.value,
+        }
+        status, body = _request(f"{url}/kv/greeting", "PUT", b"anon")
+        assert status == 400
+        status, body = _request(f"{url}/kv/greeting", "PUT", b"x", **{"Fencing-Token": "-3"})
+        assert status == 400
+        assert _request(f"{url}/kv/greeting") == (200, b"hello")
+        assert json.loads(_request(f"{url}/fence")[1])["mark"] == new.value
+
+        # Client mode: explicit stale token -> exit 4; under `etcdfence lock` -> 200, exit 0.
+        stale = example("http_service.py", "put", "--url", url, "--key", "greeting",
+                        "--value", "late", "--token", str(old), env=env)  # fmt: skip
+        assert stale.returncode == 4 and stale.stdout.startswith("409")
+        locked = subprocess.run(
+            [PYTHON, "-m", "etcdfence", "lock", resource, "--",
+             PYTHON, str(EXAMPLES / "http_service.py"), "put", "--url", url,
+             "--key", "greeting", "--value", "fresh"],
+            capture_output=True, text=True, env=env, timeout=30,
+        )  # fmt: skip
+        assert locked.returncode == 0, locked.stdout + locked.stderr
+        assert locked.stdout.startswith("200")
+        assert _request(f"{url}/kv/greeting") == (200, b"fresh")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code, _, err = finish(server, timeout=10)
+    assert code == 0, err
+
+
+@pytest.mark.integration
+def test_async_service_hands_over_between_instances(
+    env: dict[str, str], etcd_namespace: str
+) -> None:
+    name = f"{etcd_namespace}/async"
+    common = ["--name", name, "--ttl", "2", "--interval", "0.2"]
+    first = spawn("async_service.py", "--id", "api-1", "--duration", "1", *common, env=env)
+    time.sleep(0.5)
+    second = spawn("async_service.py", "--id", "api-2", "--iterations", "2", *common, env=env)
+    code1, out1, err1 = finish(first)
+    code2, out2, err2 = finish(second)
+    assert (code1, code2) == (0, 0), err1 + err2
+    writes1 = tokens_of(out1, r"\[api-1\] leader write \d+ \(token (\d+)\)")
+    writes2 = tokens_of(out2, r"\[api-2\] leader write \d+ \(token (\d+)\)")
+    assert len(writes1) >= 2 and len(writes2) == 2
+    assert max(writes1) < min(writes2)
+    assert "[api-1] not leader any more" in out1
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not (EXAMPLES / "fenced_sql_writer.py").exists(), reason="not present")
+def test_fenced_sql_writer_with_sqlite(
+    env: dict[str, str], etcd_namespace: str, tmp_path: Path
+) -> None:
+    dsn = f"sqlite:///{tmp_path / 'fenced.db'}"
+    locked = subprocess.run(
+        [PYTHON, "-m", "etcdfence", "lock", f"{etcd_namespace}/db", "--",
+         PYTHON, str(EXAMPLES / "fenced_sql_writer.py"), "--dsn", dsn, "--value", "10.0.0.5"],
+        capture_output=True, text=True, env=env, timeout=30,
+    )  # fmt: skip
+    assert locked.returncode == 0, locked.stdout + locked.stderr
+    stale = example(
+        "fenced_sql_writer.py", "--dsn", dsn, "--value", "10.0.0.9", "--token", "1", env=env
+    )
+    assert stale.returncode == 3, stale.stdout + stale.stderr
+    with sqlite3.connect(tmp_path / "fenced.db") as conn:
+        rows = conn.execute("SELECT value FROM fenced_kv").fetchall()
+    assert rows == [("10.0.0.5",)]
+
+
+def test_the_documented_examples_exist() -> None:
+    assert set(OURS) <= {p.name for p in EXAMPLES.glob("*.py")}
