@@ -43,7 +43,10 @@ def to_bytes(data: object, what: str = "key") -> bytes:
     if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
     if isinstance(data, str):
-        return data.encode("utf-8")
+        try:
+            return data.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"{what} is not valid UTF-8 text: {data!r}") from None
     raise InvalidType(f"{what} must be str or bytes, got {type(data).__name__}")
 
 

@@ -271,9 +271,14 @@ def leader_elected(election: str, token: int, identity: str | None) -> None:
     m.leader_elected.labels(election).inc()
 
 
+_ROUTINE_LOSS = frozenset({"stopped", "work returned"})
+
+
 def leader_lost(election: str, identity: str | None, reason: str) -> None:
     """This process no longer leads ``election`` (``reason``: why, e.g. ``"lease expired"``)."""
-    log.warning("etcdfence.leader_lost", election=election, identity=identity, reason=reason)
+    # a deliberate stop is routine; anything else (expiry, key deleted) deserves a warning
+    level = log.info if reason in _ROUTINE_LOSS else log.warning
+    level("etcdfence.leader_lost", election=election, identity=identity, reason=reason)
     m = _active
     if m is None:
         return

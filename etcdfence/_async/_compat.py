@@ -132,17 +132,40 @@ class Stream:
             response_deserializer=response_cls.FromString,
         )
         self._call = method(metadata=metadata)
+        self._cancelled = False
 
     async def write(self, request: Any) -> None:
-        await self._call.write(request)
+        try:
+            await self._call.write(request)
+        except asyncio.InvalidStateError:
+            # The RPC already ended (e.g. the etcd member died between two keepalives):
+            # grpc.aio reports that as InvalidStateError, not as the RpcError callers
+            # handle by reconnecting. Surface the call's real status instead.
+            code = await self._call.code()
+            raise grpc.aio.AioRpcError(
+                code if code != grpc.StatusCode.OK else grpc.StatusCode.UNAVAILABLE,
+                await self._call.initial_metadata(),
+                await self._call.trailing_metadata(),
+                (await self._call.details()) or "the stream ended",
+            ) from None
 
     async def read(self) -> Any:
-        response = await self._call.read()
+        try:
+            response = await self._call.read()
+        except asyncio.CancelledError:
+            if self._cancelled or not self._call.cancelled():
+                raise  # our own cancel(), or the reading task itself was cancelled
+            # The channel was closed under the stream (the client was closed): report it
+            # like any broken stream instead of silently ending the reading task.
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.CANCELLED, None, None, "the channel was closed"
+            ) from None
         if response is grpc.aio.EOF:
             return None
         return response
 
     def cancel(self) -> None:
+        self._cancelled = True
         self._call.cancel()
 
 

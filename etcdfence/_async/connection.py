@@ -17,9 +17,11 @@ and a pointer to the endpoint in use. Every unary call goes through
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
+import tenacity
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -29,12 +31,22 @@ from tenacity import (
 
 from .._endpoints import Endpoint, parse_endpoints
 from .._wire import messages as m
-from .._wire.errors import is_invalid_token, never_sent, translate
+from .._wire.errors import describe_client_cert, is_invalid_token, never_sent, translate
 from ..errors import EtcdfenceError, EtcdUnavailable, InvalidArgument, InvalidType, TLSError
 from . import _compat
 
 #: etcd's default --max-request-bytes is 1.5 MiB; allow large responses (ranges).
 _MAX_RECEIVE = 64 * 1024 * 1024
+
+
+def _capped_backoff(deadline: float) -> Callable[[tenacity.RetryCallState], float]:
+    """Exponential backoff (50 ms doubling to 1 s) that never sleeps past ``deadline``."""
+    backoff = wait_exponential(multiplier=0.05, max=1.0)
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        return max(0.0, min(backoff(state), deadline - _compat.monotonic()))
+
+    return wait
 
 
 class _Retry(Exception):
@@ -83,11 +95,13 @@ class AsyncConnection:
         self._username = username
         self._password = password
         tls = self.endpoints[0].tls or ca_file is not None or cert_file is not None
+        self._cert_file = cert_file
+        self._cert_pem = _read_file(cert_file, "certificate file")
         self._credentials = (
             grpc.ssl_channel_credentials(
                 root_certificates=_read_file(ca_file, "CA file"),
                 private_key=_read_file(key_file, "key file"),
-                certificate_chain=_read_file(cert_file, "certificate file"),
+                certificate_chain=self._cert_pem,
             )
             if tls
             else None
@@ -115,6 +129,11 @@ class AsyncConnection:
     def endpoint(self) -> Endpoint:
         """The endpoint calls go to now."""
         return self.endpoints[self._current]
+
+    @property
+    def closed(self) -> bool:
+        """Whether the client was closed (nothing will reconnect)."""
+        return self._closed
 
     def _channel(self, index: int) -> Any:
         channel = self._channels.get(index)
@@ -147,10 +166,31 @@ class AsyncConnection:
         for channel in channels:
             await _compat.close_channel(channel)
 
+    def _translate(self, err: grpc.RpcError, endpoint: object) -> EtcdfenceError:
+        """:func:`translate`, telling from our own certificate why etcd refused it."""
+        return translate(err, str(endpoint), self.timeout, describe_cert=self._describe_cert)
+
+    def _describe_cert(self) -> str:
+        return describe_client_cert(self._cert_file, self._cert_pem)
+
     # -- authentication --------------------------------------------------------
 
     def metadata(self) -> tuple[tuple[str, str], ...] | None:
         return None if self._token is None else (("token", self._token),)
+
+    @property
+    def token(self) -> str | None:
+        """The auth token requests carry now (``None`` without password auth)."""
+        return self._token
+
+    async def reauthenticate(self, stale: str | None) -> bool:
+        """Replace the auth token ``stale`` (the one a stream was opened with) by a fresh
+        one, unless another caller already did. Returns ``False`` when this connection
+        does not authenticate with a password (nothing to refresh)."""
+        if self._username is None:
+            return False
+        await self._authenticate(stale)
+        return True
 
     async def _authenticate(self, stale: str | None) -> None:
         """Get a fresh auth token (once, even if many callers found it stale)."""
@@ -165,7 +205,7 @@ class AsyncConnection:
                 response = await self._stub(index, "Authenticate")(request, timeout=self.timeout)
             except grpc.RpcError as err:
                 self.rotate(index)
-                raise translate(err, str(self.endpoints[index]), self.timeout) from None
+                raise self._translate(err, self.endpoints[index]) from None
             self._token = response.token
 
     # -- calls -------------------------------------------------------------------
@@ -183,23 +223,35 @@ class AsyncConnection:
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_delay(max(0.0, deadline - _compat.monotonic())),
-                wait=wait_exponential(multiplier=0.05, max=1.0),
+                wait=_capped_backoff(deadline),
                 retry=retry_if_exception_type(_Retry),
                 reraise=True,
             ):
                 with attempt:
-                    return await self._attempt(method, request, deadline, idempotent)
+                    try:
+                        return await self._attempt(method, request, deadline, idempotent, last)
+                    except _Retry as retry:
+                        last = retry.error
+                        raise
         except _Retry as retry:
             last = retry.error
         raise last
 
-    async def _attempt(self, method: str, request: Any, deadline: float, idempotent: bool) -> Any:
+    async def _attempt(
+        self,
+        method: str,
+        request: Any,
+        deadline: float,
+        idempotent: bool,
+        last: EtcdfenceError | None = None,
+    ) -> Any:
         remaining = deadline - _compat.monotonic()
         index = self._current
         if remaining <= 0:
             raise EtcdUnavailable(
                 f"no etcd endpoint answered within {self.timeout}s "
                 f"(tried {', '.join(map(str, self.endpoints))})"
+                + ("" if last is None else f"; last error: {last}")
             )
         if self._username is not None and self._token is None:
             await self._authenticate(None)
@@ -209,7 +261,7 @@ class AsyncConnection:
                 request, timeout=remaining, metadata=self.metadata()
             )
         except grpc.RpcError as err:
-            error = translate(err, str(self.endpoints[index]), self.timeout)
+            error = self._translate(err, self.endpoints[index])
             if is_invalid_token(err) and self._username is not None:
                 await self._authenticate(token)
                 raise _Retry(error) from None
@@ -244,7 +296,7 @@ class AsyncConnection:
                     await self._authenticate(self._token)
                 except EtcdfenceError as auth_err:
                     return auth_err
-            error = translate(err, str(self.endpoint), self.timeout)
+            error = self._translate(err, self.endpoint)
             if isinstance(error, EtcdUnavailable):
                 self.rotate()
             return error

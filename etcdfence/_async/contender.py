@@ -7,11 +7,11 @@ The protocol is etcd's own (Go ``concurrency.Mutex``/``Election``, etcdctl):
    header revision is the fencing token.
 2. Otherwise wait for the key immediately ahead of ours (highest create
    revision below ours) to be deleted — one watch, no thundering herd — and
-   repeat until no key is ahead.
-3. Re-read our own key and the owner in one read-only txn. If our key is gone
-   the session expired while queued: raise :class:`SessionExpired` (Go's
-   ``Election.Campaign`` misses this and can report a phantom leadership). The
-   read's header revision is the token.
+   re-check with one read-only txn of our own key and the key now ahead.
+3. If our key is gone the session expired while queued: raise
+   :class:`SessionExpired` (Go's ``Election.Campaign`` misses this and can
+   report a phantom leadership). When our key exists and none is ahead, we own
+   it, and that read's header revision is the token.
 
 Giving up (timeout, cancellation, error) deletes our key, guarded by its create
 revision so a late delete never removes a newer incarnation.
@@ -19,7 +19,7 @@ revision so a late delete never removes a newer incarnation.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _txn
 from .._keys import contender_key, contender_prefix, validate_name
@@ -84,20 +84,8 @@ class AsyncContender:
         if owner and owner[0].create_revision == my_rev:
             return self._won(response.header.revision, my_key, my_rev, lease_id)
         try:
-            while True:
-                await self._wait_for_turn(my_rev, deadline)
-                read = await self._conn.call(
-                    "Txn", _txn.ownership_read(my_key, self._prefix), idempotent=True
-                )
-                mine = read.responses[0].response_range.kvs
-                if not mine or mine[0].create_revision != my_rev:
-                    raise SessionExpired(
-                        f"{self._kind} key {my_key.decode()} is gone: the session expired while "
-                        "waiting, so no ownership is granted"
-                    )
-                owner = read.responses[1].response_range.kvs
-                if owner and owner[0].create_revision == my_rev:
-                    return self._won(read.header.revision, my_key, my_rev, lease_id)
+            revision = await self._wait_for_turn(my_key, my_rev, deadline)
+            return self._won(revision, my_key, my_rev, lease_id)
         except BaseException:
             await self._abandon(my_key, my_rev)
             raise
@@ -109,25 +97,47 @@ class AsyncContender:
         )
         return self._token
 
-    async def _wait_for_turn(self, my_rev: int, deadline: float | None) -> None:
-        """Return once no key with a lower create revision is left under the prefix."""
+    async def _wait_for_turn(self, my_key: bytes, my_rev: int, deadline: float | None) -> int:
+        """Wait until no key with a lower create revision is left under the prefix and
+        return the revision of the read that saw it (the token).
+
+        Every read also re-reads our own key (same txn, no extra round trip): once it is
+        gone — lease expired or revoked, key deleted — we stop at once with
+        :class:`SessionExpired` instead of queueing on for a turn that never comes.
+        """
         while True:
             self._session.check()
-            ahead = await self._conn.call(
-                "Range",
-                _txn.range_request(self._prefix, prefix=True, last_created_below=my_rev),
-                idempotent=True,
+            read = await self._conn.call(
+                "Txn", _txn.queue_read(my_key, self._prefix, my_rev), idempotent=True
             )
-            if not ahead.kvs:
-                return
-            watch = AsyncWatch(
-                self._conn, ahead.kvs[0].key, start_revision=ahead.header.revision + 1
-            )
+            mine = read.responses[0].response_range.kvs
+            if not mine or mine[0].create_revision != my_rev:
+                raise SessionExpired(
+                    f"{self._kind} key {my_key.decode()} is gone: the session expired while "
+                    "waiting, so no ownership is granted"
+                )
+            ahead = read.responses[1].response_range.kvs
+            if not ahead:
+                revision: int = read.header.revision  # ours exists, nobody ahead: we own it
+                return revision
+            if deadline is not None and deadline <= _compat.monotonic():
+                raise AcquireTimeout(f"{self._kind} {self.name!r} not acquired in time")
+            # Watch from *now*: etcd notifies such a watcher at once, while one that starts
+            # in the past waits for etcd's catch-up loop (every 100 ms) under load.
+            watch = AsyncWatch(self._conn, ahead[0].key)
             self._session._waiters.append(watch)
             try:
+                self._session.check()  # an expiry/interrupt that landed before we registered
                 await watch.start()
+                wait = self._conn.timeout
+                if deadline is not None:
+                    wait = min(wait, max(0.0, deadline - _compat.monotonic()))
+                created = await watch.wait_created(wait)
                 self._session.check()
-                deleted = False
+                # the key ahead may have gone between our read and the watch: look again
+                deleted = created is None or (
+                    created > read.header.revision and not await self._exists(ahead[0])
+                )
                 while not deleted:
                     remaining = None if deadline is None else deadline - _compat.monotonic()
                     if remaining is not None and remaining <= 0:
@@ -142,6 +152,11 @@ class AsyncContender:
             finally:
                 self._session._waiters.remove(watch)
                 await watch.close()
+
+    async def _exists(self, kv: Any) -> bool:
+        """Whether ``kv``'s key still exists as the same incarnation."""
+        now = await self._conn.call("Range", _txn.range_request(kv.key), idempotent=True)
+        return bool(now.kvs and now.kvs[0].create_revision == kv.create_revision)
 
     async def _abandon(self, my_key: bytes, my_rev: int) -> None:
         """Delete our queued key (guarded) after giving up; never masks the cause."""

@@ -17,7 +17,7 @@ from .watch import AsyncWatch
 
 if TYPE_CHECKING:
     from .client import AsyncClient
-    from .election import AsyncElection
+    from .session import AsyncSession
 
 log = structlog.get_logger("etcdfence")
 
@@ -67,7 +67,7 @@ class AsyncLeaderElector:
         self._on_leader_change = on_leader_change
         self._stop_requested = _compat.Event()
         self._term_stop: Any = None
-        self._election: AsyncElection | None = None
+        self._session: AsyncSession | None = None
         self.token: FencingToken | None = None
         self.terms = 0
         client.session(ttl, margin=margin)  # validates ttl/margin now, not on first run
@@ -83,9 +83,9 @@ class AsyncLeaderElector:
         term_stop = self._term_stop
         if term_stop is not None:
             term_stop.set()
-        election = self._election
-        if election is not None:
-            election.session.interrupt_waiters(_Stopped("elector stopped"))
+        session = self._session
+        if session is not None:
+            session.interrupt_waiters(_Stopped("elector stopped"))
 
     async def run(self, work: Callable[..., Any]) -> None:
         """Campaign, run ``work(token, stop)`` while leading, repeat until :meth:`stop`."""
@@ -108,10 +108,10 @@ class AsyncLeaderElector:
 
     async def _term(self, work: Callable[..., Any]) -> None:
         async with self._client.session(self._ttl, margin=self._margin) as session:
-            election = session.election(self.name)
-            self._election = election
-            if self._stop_requested.is_set():
+            self._session = session
+            if self._stop_requested.is_set():  # stop() may have missed this session
                 return
+            election = session.election(self.name)
             token = await election.campaign(self.identity)
             lost = _compat.Event()
             self._term_stop = lost
@@ -141,7 +141,12 @@ class AsyncLeaderElector:
                 finished = await _compat.run_term(work, token, lost)
                 if finished:
                     reason[0] = "work returned"
+            except Exception as exc:
+                if not lost.is_set():  # e.g. its fenced write was refused (AuthError)
+                    reason[0] = f"work failed: {exc}"
+                raise
             finally:
+                lost.set()  # however the term ended, `stop` now says so
                 self.token = None
                 self._term_stop = None
                 await watch.close()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .. import _txn, metrics
 from .._keys import DEFAULT_FENCE_PREFIX, decode_mark, fence_key, to_key, validate_name
 from .._txn import Delete, Put
-from ..errors import InvalidArgument, InvalidType, NotOwnerError, StaleTokenError
+from ..errors import AuthError, InvalidArgument, InvalidType, NotOwnerError, StaleTokenError
 from ..token import FencingToken, coerce_token
 
 if TYPE_CHECKING:
@@ -70,7 +70,14 @@ class AsyncFenceGuard:
                 )
             owner = (token.key.encode("utf-8"), token.create_revision)
         started = time.perf_counter()
-        response = await self._conn.call("Txn", _txn.fence_txn(self.key, value, wire_ops, owner))
+        try:
+            response = await self._conn.call(
+                "Txn", _txn.fence_txn(self.key, value, wire_ops, owner)
+            )
+        except AuthError as err:
+            if "permission denied" not in str(err):
+                raise
+            raise AuthError(f"{err}; {self._needs(ops, owner)}") from None
         elapsed = time.perf_counter() - started
         if response.succeeded:
             kvs = response.responses[0].response_range.kvs
@@ -85,6 +92,17 @@ class AsyncFenceGuard:
         metrics.fence_accepted(self.resource, value, elapsed, "etcd")
         revision: int = response.header.revision
         return revision
+
+    def _needs(self, ops: list[Put | Delete], owner: tuple[bytes, int] | None) -> str:
+        """The permissions a guarded write needs, for a permission-denied message."""
+        keys = ", ".join(repr(to_key(op.key).decode("utf-8", "replace")) for op in ops)
+        needs = f"a guarded write to {self.resource!r} needs readwrite on its mark "
+        needs += repr(self.key.decode("utf-8", "replace"))
+        if keys:
+            needs += f" and write on {keys}"
+        if owner is not None:
+            needs += f" and read on {owner[0].decode()!r}"
+        return needs + " (nothing was written)"
 
     async def put(self, token: FencingToken | int, key: str | bytes, value: str | bytes) -> int:
         """Write ``key`` if ``token`` is not stale (one txn); returns the revision."""

@@ -18,7 +18,7 @@ from .watch import Watch
 
 if TYPE_CHECKING:
     from .client import Client
-    from .election import Election
+    from .session import Session
 
 log = structlog.get_logger("etcdfence")
 
@@ -68,7 +68,7 @@ class LeaderElector:
         self._on_leader_change = on_leader_change
         self._stop_requested = _compat.Event()
         self._term_stop: Any = None
-        self._election: Election | None = None
+        self._session: Session | None = None
         self.token: FencingToken | None = None
         self.terms = 0
         client.session(ttl, margin=margin)  # validates ttl/margin now, not on first run
@@ -84,9 +84,9 @@ class LeaderElector:
         term_stop = self._term_stop
         if term_stop is not None:
             term_stop.set()
-        election = self._election
-        if election is not None:
-            election.session.interrupt_waiters(_Stopped("elector stopped"))
+        session = self._session
+        if session is not None:
+            session.interrupt_waiters(_Stopped("elector stopped"))
 
     def run(self, work: Callable[..., Any]) -> None:
         """Campaign, run ``work(token, stop)`` while leading, repeat until :meth:`stop`."""
@@ -109,10 +109,10 @@ class LeaderElector:
 
     def _term(self, work: Callable[..., Any]) -> None:
         with self._client.session(self._ttl, margin=self._margin) as session:
-            election = session.election(self.name)
-            self._election = election
-            if self._stop_requested.is_set():
+            self._session = session
+            if self._stop_requested.is_set():  # stop() may have missed this session
                 return
+            election = session.election(self.name)
             token = election.campaign(self.identity)
             lost = _compat.Event()
             self._term_stop = lost
@@ -142,7 +142,12 @@ class LeaderElector:
                 finished = _compat.run_term(work, token, lost)
                 if finished:
                     reason[0] = "work returned"
+            except Exception as exc:
+                if not lost.is_set():  # e.g. its fenced write was refused (AuthError)
+                    reason[0] = f"work failed: {exc}"
+                raise
             finally:
+                lost.set()  # however the term ended, `stop` now says so
                 self.token = None
                 self._term_stop = None
                 watch.close()

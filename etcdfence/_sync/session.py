@@ -11,6 +11,7 @@ import grpc
 import structlog
 
 from .. import metrics
+from .._keys import validate_name
 from .._wire import messages as m
 from ..errors import EtcdfenceError, InvalidArgument, InvalidType, LeaseNotFound, SessionExpired
 from . import _compat
@@ -68,6 +69,7 @@ class Session:
         self._stopping = _compat.Event()  # stop the keepalive
         self._closing = _compat.Event()  # stop everything (close or expiry)
         self._expiry_reason: str | None = None
+        self._interrupted: BaseException | None = None
         self._callbacks: list[Callable[[], Any]] = []
         self._waiters: list[Watch] = []
         self._contenders: dict[str, Lock | Election] = {}
@@ -143,7 +145,10 @@ class Session:
         return self.lease_id
 
     def check(self) -> None:
-        """Raise :class:`SessionExpired` if the session can no longer be used."""
+        """Raise :class:`SessionExpired` if the session can no longer be used (or the
+        error given to :meth:`interrupt_waiters`)."""
+        if self._interrupted is not None:
+            raise self._interrupted
         if self._expired.is_set():
             raise SessionExpired(f"session expired: {self._expiry_reason}")
         if self._lease_id is not None and _compat.monotonic() >= self._deadline:
@@ -243,7 +248,10 @@ class Session:
                 stream.cancel()
 
     def interrupt_waiters(self, error: BaseException) -> None:
-        """Wake every acquire/campaign waiting on this session with ``error``."""
+        """Make every acquire/campaign on this session raise ``error``: the ones waiting
+        now, and any that start or reach their next wait later (the interrupt sticks,
+        so one that lands between two waits is not lost)."""
+        self._interrupted = error
         for waiter in list(self._waiters):
             waiter.interrupt(error)
 
@@ -310,6 +318,7 @@ class Session:
         return election
 
     def _contender(self, name: str, kind: Any) -> Any:
+        name = validate_name(name)  # before the lookup: an unhashable name is a TypeError too
         existing = self._contenders.get(name)
         if existing is None:
             existing = kind(self, name)

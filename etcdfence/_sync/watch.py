@@ -25,6 +25,8 @@ from .connection import Connection
 log = structlog.get_logger("etcdfence")
 
 _CLOSED = object()
+#: Cancel reasons of a watch etcd refused: no permission, or an expired auth token.
+_AUTH_CANCEL = ("permission denied", "invalid auth token", "revision in header is old")
 
 
 def _batch(response: Any) -> WatchBatch:
@@ -64,6 +66,8 @@ class Watch:
         self._closed = False
         self._stream: _compat.Stream | None = None
         self._worker: _compat.Background | None = None
+        self._created = _compat.Event()
+        self._created_revision = 0
 
     def start(self) -> Watch:
         """Open the stream in the background; events queue up from now on."""
@@ -76,15 +80,27 @@ class Watch:
         """The revision this watch resumes from after a broken stream."""
         return self._next_revision
 
+    def wait_created(self, timeout: float | None) -> int | None:
+        """Wait until etcd confirmed the watch; return the revision it was created at
+        (events after it are delivered), or ``None`` if not confirmed within ``timeout``."""
+        if _compat.wait_event(self._created, timeout):
+            return self._created_revision
+        return None
+
     def interrupt(self, error: BaseException) -> None:
-        """Make the consumer's pending or next ``get`` raise ``error``."""
+        """Make the consumer's pending or next ``get`` raise ``error`` (and end a
+        pending ``wait_created`` at once)."""
         _compat.queue_put(self._queue, error)
+        self._created.set()
 
     def _run(self) -> None:
         backoff = 0.05
+        auth_retried = False
         while not self._closed:
+            token: str | None = None
             try:
                 stream = self._conn.open_stream("Watch")
+                token = self._conn.token
                 self._stream = stream
                 if self._closed:
                     stream.cancel()
@@ -110,10 +126,14 @@ class Watch:
                         )
                     if response.canceled:
                         reason = response.cancel_reason or "watch canceled by etcd"
-                        if "permission denied" in reason:
+                        if any(hint in reason for hint in _AUTH_CANCEL):
                             raise AuthError(f"watch on {self._key!r} refused: {reason}")
                         raise EtcdUnavailable(f"watch on {self._key!r} canceled: {reason}")
                     if response.created:
+                        auth_retried = False
+                        if not self._created.is_set():
+                            self._created_revision = response.header.revision
+                            self._created.set()
                         if self._next_revision == 0:
                             self._next_revision = response.header.revision + 1
                         continue
@@ -124,6 +144,28 @@ class Watch:
                         self._next_revision = max(self._next_revision, response.header.revision + 1)
             except (grpc.RpcError, EtcdfenceError) as err:
                 if self._closed:
+                    return
+                if isinstance(err, AuthError) and not auth_retried:
+                    # etcd checks the token when a watch is created and reports an expired
+                    # one as "invalid auth token" (3.4) or "permission denied" (3.5): get a
+                    # fresh token and try once more before calling it a denial.
+                    auth_retried = True
+                    try:
+                        if self._conn.reauthenticate(token):
+                            continue
+                    except AuthError as auth_err:
+                        err = auth_err
+                    except EtcdfenceError as unavailable:
+                        auth_retried = False
+                        log.debug(
+                            "etcdfence.watch_reconnect", key=self._key, error=str(unavailable)
+                        )
+                        _compat.sleep(backoff)
+                        backoff = min(backoff * 2, 1.0)
+                        continue
+                if self._conn.closed:  # nothing reconnects: end instead of waiting forever
+                    closed = EtcdUnavailable(f"watch on {self._key!r} ended: the client is closed")
+                    _compat.queue_put(self._queue, closed)
                     return
                 if isinstance(err, (CompactedError, AuthError)):
                     _compat.queue_put(self._queue, err)
