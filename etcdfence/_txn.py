@@ -118,6 +118,17 @@ def ownership_read(my_key: bytes, prefix: bytes) -> Any:
     )
 
 
+def queue_read(my_key: bytes, prefix: bytes, my_create_revision: int) -> Any:
+    """A read-only txn for a queued contender: my key and the key immediately ahead
+    of it (highest create revision below mine), at one revision."""
+    return m.TxnRequest(
+        success=[
+            op_range(range_request(my_key)),
+            op_range(range_request(prefix, prefix=True, last_created_below=my_create_revision)),
+        ]
+    )
+
+
 def guarded_delete(key: bytes, create_revision: int) -> Any:
     """Delete ``key`` only if it is still the incarnation created at ``create_revision``."""
     return m.TxnRequest(compare=[cmp_create(key, create_revision)], success=[op_delete(key)])

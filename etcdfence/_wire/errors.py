@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Callable
+
 import grpc
 
 from ..errors import (
@@ -15,6 +18,21 @@ from ..errors import (
 )
 
 _TLS_HINTS = ("ssl", "handshake", "certificate", "tls", "wrong_version_number")
+#: OpenSSL/BoringSSL alerts by which a server refuses the client's certificate (in the
+#: TLS 1.2 handshake) ...
+_CLIENT_CERT_ALERTS = (
+    "alert_bad_certificate",
+    "alert_unknown_ca",
+    "alert_certificate_expired",
+    "alert_certificate_required",
+    "alert_certificate_unknown",
+    "alert_unsupported_certificate",
+    "alert_handshake_failure",
+)
+#: ... and how it looks with TLS 1.3, where the client finishes its handshake before
+#: the server has checked the client certificate: the server's alert arrives as the
+#: first "application data" and gRPC only reports that it could not decrypt it.
+_POST_HANDSHAKE_ALERT = ("tsi_data_corrupted", "unwrap failed")
 _AUTH_HINTS = (
     "authentication failed",
     "invalid auth token",
@@ -51,21 +69,111 @@ def _details(err: grpc.RpcError) -> str:
     return str(details() if callable(details) else "") or ""
 
 
-def translate(err: grpc.RpcError, endpoint: str, timeout: float | None) -> EtcdfenceError:
-    """Map a gRPC error to the etcdfence exception a caller can act on."""
+def _client_cert_refused(low: str) -> bool:
+    """True when the server refused this client's certificate (or its absence)."""
+    return any(alert in low for alert in _CLIENT_CERT_ALERTS) or (
+        "failed to connect" in low and any(h in low for h in _POST_HANDSHAKE_ALERT)
+    )
+
+
+def describe_client_cert(cert_file: str | None, cert_pem: bytes | None) -> str:
+    """Why etcd most likely refused this client's certificate, from the certificate itself.
+
+    etcd (Go's TLS stack) sends the same "bad certificate" alert for a missing, an
+    expired and an unknown-issuer certificate; checking our own certificate tells the
+    user which it is. Reads dates and issuer with ``cryptography`` when it is installed.
+    """
+    if cert_file is None:
+        return (
+            "etcd requires a client certificate (--client-cert-auth) and none is "
+            "configured (pass cert_file= and key_file=)"
+        )
+    try:
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(cert_pem or b"")
+        utc = datetime.timezone.utc
+        not_after = getattr(cert, "not_valid_after_utc", None) or (
+            cert.not_valid_after.replace(tzinfo=utc)
+        )
+        not_before = getattr(cert, "not_valid_before_utc", None) or (
+            cert.not_valid_before.replace(tzinfo=utc)
+        )
+        issuer = cert.issuer.rfc4514_string()
+    except Exception:  # no cryptography, or a certificate it cannot parse: say less
+        return (
+            f"etcd refused the client certificate {cert_file}: it is expired or not "
+            "signed by a CA etcd trusts (--trusted-ca-file)"
+        )
+    now = datetime.datetime.now(utc)
+    if not_after < now:
+        return (
+            f"etcd refused the client certificate {cert_file}: it expired on "
+            f"{not_after:%Y-%m-%d %H:%M} UTC"
+        )
+    if not_before > now:
+        return (
+            f"etcd refused the client certificate {cert_file}: it is not valid before "
+            f"{not_before:%Y-%m-%d %H:%M} UTC"
+        )
+    return (
+        f"etcd refused the client certificate {cert_file} (issued by {issuer}, valid "
+        f"until {not_after:%Y-%m-%d}): is its issuer in etcd's --trusted-ca-file?"
+    )
+
+
+def _tls_cause(low: str, describe_cert: Callable[[], str] | None) -> str:
+    """The likely cause of a TLS failure, in words a user can act on."""
+    if _client_cert_refused(low):
+        if describe_cert is not None:
+            return describe_cert()
+        return (
+            "etcd refused the client certificate: it is missing, expired, or not signed "
+            "by a CA etcd trusts (--trusted-ca-file)"
+        )
+    if "certificate_verify_failed" in low or "certificate verify failed" in low:
+        if "expired" in low:
+            return "etcd's server certificate has expired"
+        return "etcd's server certificate is not signed by a CA in ca_file (wrong ca_file?)"
+    if "peer name" in low or "hostname" in low or "subject alternative" in low:
+        return "etcd's server certificate does not name this host (see server_name=)"
+    if "wrong_version_number" in low or "handshake read failed" in low:
+        return "the server did not answer TLS (is it a plaintext http:// endpoint?)"
+    return "the TLS handshake failed"
+
+
+def translate(
+    err: grpc.RpcError,
+    endpoint: str,
+    timeout: float | None,
+    *,
+    describe_cert: Callable[[], str] | None = None,
+) -> EtcdfenceError:
+    """Map a gRPC error to the etcdfence exception a caller can act on.
+
+    ``describe_cert`` explains a refused client certificate (see
+    :func:`describe_client_cert`); without it the message lists the possible causes.
+    """
     code = err.code()
     details = _details(err)
     low = details.lower()
     where = f"etcd at {endpoint}"
-    if any(h in low for h in _TLS_HINTS) and code in (
+    if (any(h in low for h in _TLS_HINTS) or _client_cert_refused(low)) and code in (
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.UNKNOWN,
         grpc.StatusCode.DEADLINE_EXCEEDED,
     ):
-        return TLSError(f"TLS handshake with {where} failed: {details}")
+        cause = _tls_cause(low, describe_cert)
+        raw = details.removesuffix(": OK")  # grpc appends the (irrelevant) TSI status
+        return TLSError(f"TLS handshake with {where} failed: {cause} (gRPC: {raw})")
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or any(
         h in low for h in _AUTH_HINTS
     ):
+        if code == grpc.StatusCode.PERMISSION_DENIED or "permission denied" in low:
+            return AuthError(
+                f"{where} denied the request: {details} (the user's roles do not grant "
+                "access to every key it touches)"
+            )
         return AuthError(f"{where} refused the credentials: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return EtcdUnavailable(f"{where} did not answer within {timeout}s ({details})")
