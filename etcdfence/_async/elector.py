@@ -13,6 +13,7 @@ from ..errors import EtcdfenceError
 from ..token import FencingToken
 from ..types import Leader
 from . import _compat
+from .observe import observe_leader
 from .watch import AsyncWatch
 
 if TYPE_CHECKING:
@@ -180,7 +181,9 @@ class AsyncLeaderElector:
         assert callback is not None
         while not self._stop_requested.is_set():
             try:
-                async for leader in self._client.observe(self.name):
+                async for leader in observe_leader(
+                    self._client._conn, self.name, self._stop_requested
+                ):
                     if self._stop_requested.is_set():
                         return
                     callback(leader)

@@ -12,6 +12,7 @@ from .._keys import contender_prefix, prefix_range_end
 from .._txn import range_request
 from ..errors import CompactedError
 from ..types import KeyValue, Leader
+from . import _compat
 from .connection import AsyncConnection
 from .watch import AsyncWatch
 
@@ -38,7 +39,9 @@ def _changed(old: Leader | None, new: Leader | None) -> bool:
     return (old.key, old.create_revision, old.value) != (new.key, new.create_revision, new.value)
 
 
-async def observe_leader(conn: AsyncConnection, name: str) -> AsyncIterator[Leader | None]:
+async def observe_leader(
+    conn: AsyncConnection, name: str, stop: _compat.Event | None = None
+) -> AsyncIterator[Leader | None]:
     """Yield the current leader, then every change: a new leader, a new value, or
     ``None`` when nobody leads.
 
@@ -50,7 +53,7 @@ async def observe_leader(conn: AsyncConnection, name: str) -> AsyncIterator[Lead
     prefix = contender_prefix(name).encode("utf-8")
     last: Leader | None = None
     first = True
-    while True:
+    while stop is None or not stop.is_set():
         response = await conn.call("Range", range_request(prefix, prefix=True), idempotent=True)
         contenders = {kv.key: KeyValue.from_wire(kv) for kv in response.kvs}
         current = _leader_of(name, contenders, response.header.revision)
@@ -67,7 +70,15 @@ async def observe_leader(conn: AsyncConnection, name: str) -> AsyncIterator[Lead
         )
         await watch.start()
         try:
-            async for batch in watch:
+            while True:
+                try:  # with a stop event, wake twice a second to notice it
+                    batch = await watch.get(None if stop is None else 0.5)
+                except TimeoutError:
+                    if stop is not None and stop.is_set():
+                        return
+                    continue
+                except StopAsyncIteration:
+                    break
                 for event in batch.events:
                     if event.type == "delete":
                         contenders.pop(event.kv.key, None)

@@ -14,6 +14,7 @@ from ..errors import EtcdfenceError
 from ..token import FencingToken
 from ..types import Leader
 from . import _compat
+from .observe import observe_leader
 from .watch import Watch
 
 if TYPE_CHECKING:
@@ -181,7 +182,9 @@ class LeaderElector:
         assert callback is not None
         while not self._stop_requested.is_set():
             try:
-                for leader in self._client.observe(self.name):
+                for leader in observe_leader(
+                    self._client._conn, self.name, self._stop_requested
+                ):
                     if self._stop_requested.is_set():
                         return
                     callback(leader)

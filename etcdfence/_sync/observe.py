@@ -13,6 +13,7 @@ from .._keys import contender_prefix, prefix_range_end
 from .._txn import range_request
 from ..errors import CompactedError
 from ..types import KeyValue, Leader
+from . import _compat
 from .connection import Connection
 from .watch import Watch
 
@@ -39,7 +40,9 @@ def _changed(old: Leader | None, new: Leader | None) -> bool:
     return (old.key, old.create_revision, old.value) != (new.key, new.create_revision, new.value)
 
 
-def observe_leader(conn: Connection, name: str) -> Iterator[Leader | None]:
+def observe_leader(
+    conn: Connection, name: str, stop: _compat.Event | None = None
+) -> Iterator[Leader | None]:
     """Yield the current leader, then every change: a new leader, a new value, or
     ``None`` when nobody leads.
 
@@ -51,7 +54,7 @@ def observe_leader(conn: Connection, name: str) -> Iterator[Leader | None]:
     prefix = contender_prefix(name).encode("utf-8")
     last: Leader | None = None
     first = True
-    while True:
+    while stop is None or not stop.is_set():
         response = conn.call("Range", range_request(prefix, prefix=True), idempotent=True)
         contenders = {kv.key: KeyValue.from_wire(kv) for kv in response.kvs}
         current = _leader_of(name, contenders, response.header.revision)
@@ -68,7 +71,15 @@ def observe_leader(conn: Connection, name: str) -> Iterator[Leader | None]:
         )
         watch.start()
         try:
-            for batch in watch:
+            while True:
+                try:  # with a stop event, wake twice a second to notice it
+                    batch = watch.get(None if stop is None else 0.5)
+                except TimeoutError:
+                    if stop is not None and stop.is_set():
+                        return
+                    continue
+                except StopIteration:
+                    break
                 for event in batch.events:
                     if event.type == "delete":
                         contenders.pop(event.kv.key, None)
