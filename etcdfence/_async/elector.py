@@ -18,6 +18,7 @@ from .watch import AsyncWatch
 
 if TYPE_CHECKING:
     from .client import AsyncClient
+    from .election import AsyncElection
     from .session import AsyncSession
 
 log = structlog.get_logger("etcdfence")
@@ -69,6 +70,7 @@ class AsyncLeaderElector:
         self._stop_requested = _compat.Event()
         self._term_stop: Any = None
         self._session: AsyncSession | None = None
+        self._election: AsyncElection | None = None
         self.token: FencingToken | None = None
         self.terms = 0
         client.session(ttl, margin=margin)  # validates ttl/margin now, not on first run
@@ -113,6 +115,7 @@ class AsyncLeaderElector:
             if self._stop_requested.is_set():  # stop() may have missed this session
                 return
             election = session.election(self.name)
+            self._election = election
             token = await election.campaign(self.identity)
             lost = _compat.Event()
             self._term_stop = lost

@@ -19,6 +19,7 @@ from .watch import Watch
 
 if TYPE_CHECKING:
     from .client import Client
+    from .election import Election
     from .session import Session
 
 log = structlog.get_logger("etcdfence")
@@ -70,6 +71,7 @@ class LeaderElector:
         self._stop_requested = _compat.Event()
         self._term_stop: Any = None
         self._session: Session | None = None
+        self._election: Election | None = None
         self.token: FencingToken | None = None
         self.terms = 0
         client.session(ttl, margin=margin)  # validates ttl/margin now, not on first run
@@ -114,6 +116,7 @@ class LeaderElector:
             if self._stop_requested.is_set():  # stop() may have missed this session
                 return
             election = session.election(self.name)
+            self._election = election
             token = election.campaign(self.identity)
             lost = _compat.Event()
             self._term_stop = lost
