@@ -26,11 +26,11 @@ test: install
 
 ## Only the tests that need a real etcd (used for the etcd 3.4 pass in CI).
 test-integration: install
-	$(BIN)/python -m pytest -q -m "integration or cluster"
+	$(BIN)/python -m pytest -q -m "(integration or cluster) and not chaos"
 
 ## The integration suite against Debian's etcd 3.4 (apt-get install etcd-server).
 test-etcd34: install
-	ETCDFENCE_ETCD_BIN=/usr/bin/etcd $(BIN)/python -m pytest -q -m "integration or cluster"
+	ETCDFENCE_ETCD_BIN=/usr/bin/etcd $(BIN)/python -m pytest -q -m "(integration or cluster) and not chaos"
 
 ## The wire layer and client under the oldest supported protobuf major (5.27).
 test-protobuf5: install

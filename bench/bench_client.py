@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import etcd3  # noqa: E402  (python3-etcd3)
-from _common import Result, interleave, machine, table, verdict  # noqa: E402
+import etcd3
+from _common import Result, interleave, machine, table, verdict
 
-import etcdfence as ef  # noqa: E402
-from etcdfence.testing import EtcdServer  # noqa: E402
+import etcdfence as ef
+from etcdfence.testing import EtcdServer
 
 
 def run(n: int, rounds: int, *, fsync: bool = True) -> list[Result]:
@@ -88,15 +88,30 @@ def run(n: int, rounds: int, *, fsync: bool = True) -> list[Result]:
         legacy.close()
         version = ".".join(map(str, server.version))
     results = [
-        {"name": "Client.put / python3-etcd3 put", "ratio": seq["ef"] / seq["etcd3"], "target": 1.0,
-         "detail": f"{seq['ef']:.0f} vs {seq['etcd3']:.0f} ops/s"},
-        {"name": "AsyncClient 64 in flight / sequential Client.put", "ratio": par["async64"] / seq["ef"],
-         "target": 3.0, "detail": f"{par['async64']:.0f} vs {seq['ef']:.0f} ops/s"},
-        {"name": "guard.put / client.put (sequential)", "ratio": seq["guarded"] / seq["ef"], "target": 0.9,
-         "detail": f"{seq['guarded']:.0f} vs {seq['ef']:.0f} ops/s"},
-        {"name": "64 guarded in flight / 64 plain in flight (async)",
-         "ratio": par["async64_guarded"] / par["async64"], "target": 0.8,
-         "detail": f"{par['async64_guarded']:.0f} vs {par['async64']:.0f} ops/s"},
+        {
+            "name": "Client.put / python3-etcd3 put",
+            "ratio": seq["ef"] / seq["etcd3"],
+            "target": 1.0,
+            "detail": f"{seq['ef']:.0f} vs {seq['etcd3']:.0f} ops/s",
+        },
+        {
+            "name": "AsyncClient 64 in flight / sequential Client.put",
+            "ratio": par["async64"] / seq["ef"],
+            "target": 3.0,
+            "detail": f"{par['async64']:.0f} vs {seq['ef']:.0f} ops/s",
+        },
+        {
+            "name": "guard.put / client.put (sequential)",
+            "ratio": seq["guarded"] / seq["ef"],
+            "target": 0.9,
+            "detail": f"{seq['guarded']:.0f} vs {seq['ef']:.0f} ops/s",
+        },
+        {
+            "name": "64 guarded in flight / 64 plain in flight (async)",
+            "ratio": par["async64_guarded"] / par["async64"],
+            "target": 0.8,
+            "detail": f"{par['async64_guarded']:.0f} vs {par['async64']:.0f} ops/s",
+        },
     ]
     mode = "durable etcd (fsync)" if fsync else "client-bound etcd (--unsafe-no-fsync)"
     print(f"\n## {mode} — {machine()}, etcd {version}, n={n}, rounds={rounds}")
@@ -104,8 +119,16 @@ def run(n: int, rounds: int, *, fsync: bool = True) -> list[Result]:
 
 
 def report(results: list[Result]) -> None:
-    rows = [(r["name"], f"{r['ratio']:.2f}x", f">= {r['target']}", verdict(r["ratio"], r["target"]), r["detail"])
-            for r in results]
+    rows = [
+        (
+            r["name"],
+            f"{r['ratio']:.2f}x",
+            f">= {r['target']}",
+            verdict(r["ratio"], r["target"]),
+            r["detail"],
+        )
+        for r in results
+    ]
     print(table(rows, ("comparison", "ratio", "target", "verdict", "measured")))
 
 

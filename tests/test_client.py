@@ -22,7 +22,11 @@ def test_kv_round_trip_returns_revisions(etcd_client: ef.Client, etcd_namespace:
     kv = etcd_client.get(key)
     assert kv is not None
     assert (kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version) == (
-        key.encode(), b"v2", rev1, rev2, 2,
+        key.encode(),
+        b"v2",
+        rev1,
+        rev2,
+        2,
     )
     assert kv.lease_id == 0
     assert etcd_client.get_prefix(etcd_namespace) == [kv]
@@ -45,7 +49,11 @@ async def test_async_kv_round_trip(async_etcd_client: ef.AsyncClient, etcd_names
 def test_raw_txn_compare_and_nested(etcd_client: ef.Client, etcd_namespace: str) -> None:
     key = f"{etcd_namespace}/t".encode()
     nested = m.TxnRequest(
-        compare=[m.Compare(key=key, target=m.CompareTarget.VERSION, result=m.CompareResult.EQUAL, version=0)],
+        compare=[
+            m.Compare(
+                key=key, target=m.CompareTarget.VERSION, result=m.CompareResult.EQUAL, version=0
+            )
+        ],
         success=[m.RequestOp(request_put=m.PutRequest(key=key, value=b"first"))],
     )
     outer = m.TxnRequest(success=[m.RequestOp(request_txn=nested)])

@@ -58,7 +58,9 @@ asyncio.run(main())
 
 
 @pytest.mark.parametrize("script", [ETCD3, AETCD], ids=["etcd3", "aetcd"])
-def test_coexists_in_one_process(script: str, etcd_endpoints: list[str], etcd_namespace: str) -> None:
+def test_coexists_in_one_process(
+    script: str, etcd_endpoints: list[str], etcd_namespace: str
+) -> None:
     prelude = f"ENDPOINT = {etcd_endpoints[0]!r}\nPREFIX = {etcd_namespace!r}\n"
     result = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(script)],

@@ -22,7 +22,9 @@ from etcdfence.testing import EtcdServer
 pytestmark = pytest.mark.integration
 
 
-def test_put_advances_mark_and_equal_tokens_pass(etcd_client: ef.Client, etcd_namespace: str) -> None:
+def test_put_advances_mark_and_equal_tokens_pass(
+    etcd_client: ef.Client, etcd_namespace: str
+) -> None:
     guard = etcd_client.fence(f"{etcd_namespace}/cfg")
     assert guard.current() == 0
     guard.put(10, f"{etcd_namespace}/cfg/a", "1")
@@ -37,10 +39,14 @@ def test_put_advances_mark_and_equal_tokens_pass(etcd_client: ef.Client, etcd_na
 
 def test_stale_token_writes_nothing(etcd_client: ef.Client, etcd_namespace: str) -> None:
     guard = etcd_client.fence(f"{etcd_namespace}/cfg")
-    guard.txn(34, [ef.Put(f"{etcd_namespace}/cfg/x", "new"), ef.Put(f"{etcd_namespace}/cfg/y", "new")])
+    guard.txn(
+        34, [ef.Put(f"{etcd_namespace}/cfg/x", "new"), ef.Put(f"{etcd_namespace}/cfg/y", "new")]
+    )
     before = etcd_client.revision()
     with pytest.raises(ef.StaleTokenError) as info:
-        guard.txn(33, [ef.Put(f"{etcd_namespace}/cfg/x", "old"), ef.Delete(f"{etcd_namespace}/cfg/y")])
+        guard.txn(
+            33, [ef.Put(f"{etcd_namespace}/cfg/x", "old"), ef.Delete(f"{etcd_namespace}/cfg/y")]
+        )
     err = info.value
     assert (err.resource, err.token, err.current) == (f"{etcd_namespace}/cfg", 33, 34)
     assert etcd_client.revision() == before  # not a single write happened
@@ -123,7 +129,13 @@ def test_racing_writers_only_the_newer_lands(etcd_client: ef.Client, etcd_namesp
         barrier = threading.Barrier(2)
         outcome: dict[int, str] = {}
 
-        def write(token: int) -> None:
+        def write(
+            token: int,
+            barrier: threading.Barrier = barrier,
+            guard: ef.FenceGuard = guard,
+            res: str = res,
+            outcome: dict[int, str] = outcome,
+        ) -> None:
             barrier.wait()
             try:
                 guard.put(token, f"{res}/v", str(token))
@@ -141,7 +153,9 @@ def test_racing_writers_only_the_newer_lands(etcd_client: ef.Client, etcd_namesp
         assert guard.current() == 8
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(tokens=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=15))
 def test_property_accepted_tokens_never_decrease(
     etcd_client: ef.Client, etcd_namespace: str, tokens: list[int]
@@ -167,7 +181,9 @@ async def test_async_guard_concurrent_resources(
     async_etcd_client: ef.AsyncClient, etcd_namespace: str
 ) -> None:
     guards = [async_etcd_client.fence(f"{etcd_namespace}/r{i}") for i in range(32)]
-    await asyncio.gather(*(g.put(10 + i, f"{etcd_namespace}/d{i}", "x") for i, g in enumerate(guards)))
+    await asyncio.gather(
+        *(g.put(10 + i, f"{etcd_namespace}/d{i}", "x") for i, g in enumerate(guards))
+    )
     assert [await g.current() for g in guards] == [10 + i for i in range(32)]
     with pytest.raises(ef.StaleTokenError):
         await guards[0].advance(9)
@@ -200,7 +216,8 @@ with ef.Client(endpoint, timeout=3.0) as client:
                 client.put(res + "/data", f"old-{i}")   # the unsafe way: no fencing
             print(json.dumps({"event": "accepted", "token": token.value, "i": i}), flush=True)
         except ef.StaleTokenError as err:
-            print(json.dumps({"event": "rejected", "token": token.value, "current": err.current}), flush=True)
+            rejected = {"event": "rejected", "token": token.value, "current": err.current}
+            print(json.dumps(rejected), flush=True)
             break
         time.sleep(0.05)
 """
@@ -211,7 +228,15 @@ def _pause_scenario(endpoint: str, ns: str, fenced: bool) -> tuple[list[dict[str
     the lock and writes; A is resumed and keeps writing with its old token."""
     name, res = f"{ns}/lock{int(fenced)}", f"{ns}/res{int(fenced)}"
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(WRITER), endpoint, name, res, "1" if fenced else "0"],
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(WRITER),
+            endpoint,
+            name,
+            res,
+            "1" if fenced else "0",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

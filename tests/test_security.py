@@ -28,7 +28,10 @@ def tls_server(pki: TLSFiles) -> Iterator[EtcdServer]:
 
 def test_tls_with_client_certificate(tls_server: EtcdServer, pki: TLSFiles) -> None:
     with ef.Client(
-        tls_server.endpoint, ca_file=str(pki.ca), cert_file=str(pki.client_cert), key_file=str(pki.client_key)
+        tls_server.endpoint,
+        ca_file=str(pki.ca),
+        cert_file=str(pki.client_cert),
+        key_file=str(pki.client_key),
     ) as client:
         rev = client.put("tls/k", "v")
         assert client.get("tls/k").mod_revision == rev  # type: ignore[union-attr]
@@ -37,19 +40,28 @@ def test_tls_with_client_certificate(tls_server: EtcdServer, pki: TLSFiles) -> N
 
 
 def test_tls_wrong_ca_is_a_clear_error(tls_server: EtcdServer, pki: TLSFiles) -> None:
-    with ef.Client(
-        tls_server.endpoint, ca_file=str(pki.other_ca), cert_file=str(pki.client_cert),
-        key_file=str(pki.client_key), timeout=2.0,
-    ) as client, pytest.raises(ef.EtcdUnavailable) as info:
+    with (
+        ef.Client(
+            tls_server.endpoint,
+            ca_file=str(pki.other_ca),
+            cert_file=str(pki.client_cert),
+            key_file=str(pki.client_key),
+            timeout=2.0,
+        ) as client,
+        pytest.raises(ef.EtcdUnavailable) as info,
+    ):
         client.get("tls/k")
-    assert isinstance(info.value, ef.TLSError) or "ssl" in str(info.value).lower() or "handshake" in str(
-        info.value
-    ).lower()
+    assert (
+        isinstance(info.value, ef.TLSError)
+        or "ssl" in str(info.value).lower()
+        or "handshake" in str(info.value).lower()
+    )
 
 
 def test_tls_server_refuses_missing_client_cert(tls_server: EtcdServer, pki: TLSFiles) -> None:
-    with ef.Client(tls_server.endpoint, ca_file=str(pki.ca), timeout=2.0) as client, pytest.raises(
-        ef.EtcdUnavailable
+    with (
+        ef.Client(tls_server.endpoint, ca_file=str(pki.ca), timeout=2.0) as client,
+        pytest.raises(ef.EtcdUnavailable),
     ):
         client.get("tls/k")
 
@@ -87,8 +99,9 @@ def auth_server() -> Iterator[EtcdServer]:
 
 
 def test_wrong_password_is_auth_error(auth_server: EtcdServer) -> None:
-    with ef.Client(auth_server.endpoint, username="root", password="nope") as client, pytest.raises(
-        ef.AuthError
+    with (
+        ef.Client(auth_server.endpoint, username="root", password="nope") as client,
+        pytest.raises(ef.AuthError),
     ):
         client.get("k")
 

@@ -81,11 +81,15 @@ def test_non_str_name_is_type_error() -> None:
 
 def test_contender_key_matches_go_layout() -> None:
     # Go: fmt.Sprintf("%s%x", pfx, leaseID) with pfx = name + "/"
-    assert _keys.contender_key("jobs/nightly", 0x694D71DDACFDA227) == "jobs/nightly/694d71ddacfda227"
+    assert (
+        _keys.contender_key("jobs/nightly", 0x694D71DDACFDA227) == "jobs/nightly/694d71ddacfda227"
+    )
     assert _keys.contender_key("e", 10) == "e/a"
 
 
-@given(st.integers(min_value=0, max_value=10**20 - 1), st.integers(min_value=0, max_value=10**20 - 1))
+@given(
+    st.integers(min_value=0, max_value=10**20 - 1), st.integers(min_value=0, max_value=10**20 - 1)
+)
 def test_mark_byte_order_equals_numeric_order(a: int, b: int) -> None:
     ea, eb = _keys.encode_mark(a), _keys.encode_mark(b)
     assert len(ea) == 20
@@ -117,7 +121,16 @@ def test_endpoint_forms() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "ftp://h:1", "http://:2379", "http://h:99999", "http://h:1/path", [], ["http://a:1", "https://b:2"]]
+    "bad",
+    [
+        "",
+        "ftp://h:1",
+        "http://:2379",
+        "http://h:99999",
+        "http://h:1/path",
+        [],
+        ["http://a:1", "https://b:2"],
+    ],
 )
 def test_bad_endpoints(bad: object) -> None:
     with pytest.raises(ef.InvalidArgument):
@@ -142,7 +155,9 @@ def test_wire_field_numbers_match_etcd() -> None:
     # Facts from etcd's api/etcdserverpb/rpc.proto: tag = (field number << 3) | wire type.
     req = m.PutRequest(key=b"k", value=b"v", lease=1)
     assert req.SerializeToString() == b"\x0a\x01k\x12\x01v\x18\x01"
-    cmp = m.Compare(key=b"k", target=m.CompareTarget.CREATE, result=m.CompareResult.EQUAL, create_revision=0)
+    cmp = m.Compare(
+        key=b"k", target=m.CompareTarget.CREATE, result=m.CompareResult.EQUAL, create_revision=0
+    )
     # result=0 omitted, target=1 (field 2), key (field 3), create_revision=0 (field 5, oneof: kept)
     assert cmp.SerializeToString() == b"\x10\x01\x1a\x01k\x28\x00"
     assert m.Compare(range_end=b"z").SerializeToString() == b"\x82\x04\x01z"  # field 64
@@ -154,7 +169,11 @@ def test_acquire_txn_shape() -> None:
     assert [c.target for c in txn.compare] == [m.CompareTarget.CREATE]
     assert txn.success[0].request_put.lease == 1
     owner = txn.success[1].request_range
-    assert (owner.sort_target, owner.sort_order, owner.limit) == (m.SortTarget.CREATE, m.SortOrder.ASCEND, 1)
+    assert (owner.sort_target, owner.sort_order, owner.limit) == (
+        m.SortTarget.CREATE,
+        m.SortOrder.ASCEND,
+        1,
+    )
     assert txn.failure[0].request_range.key == b"n/1"
 
 
