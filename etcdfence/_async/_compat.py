@@ -149,9 +149,17 @@ class Stream:
                 (await self._call.details()) or "the stream ended",
             ) from None
 
-    async def read(self) -> Any:
+    async def read(self, timeout: float | None = None) -> Any:
+        """The next response; :class:`TimeoutError` (and the stream cancelled) if none
+        arrives within ``timeout`` seconds."""
         try:
-            response = await self._call.read()
+            if timeout is None:
+                response = await self._call.read()
+            else:
+                response = await asyncio.wait_for(self._call.read(), timeout)
+        except asyncio.TimeoutError:  # from wait_for only (a distinct class on 3.10)
+            self.cancel()
+            raise TimeoutError from None
         except asyncio.CancelledError:
             if self._cancelled or not self._call.cancelled():
                 raise  # our own cancel(), or the reading task itself was cancelled

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _txn
 from .._keys import contender_key, contender_prefix, validate_name
-from ..errors import AcquireTimeout, EtcdfenceError, SessionExpired
+from ..errors import AcquireTimeout, EtcdfenceError, LeaseNotFound, SessionExpired
 from ..token import FencingToken
 from . import _compat
 from .watch import AsyncWatch
@@ -65,9 +65,15 @@ class AsyncContender:
         deadline = None if timeout is None else _compat.monotonic() + timeout
         lease_id = await self._session._ensure_open()
         my_key = contender_key(self.name, lease_id).encode("utf-8")
-        response = await self._conn.call(
-            "Txn", _txn.acquire_txn(my_key, value, lease_id, self._prefix), idempotent=True
-        )
+        try:
+            response = await self._conn.call(
+                "Txn", _txn.acquire_txn(my_key, value, lease_id, self._prefix), idempotent=True
+            )
+        except LeaseNotFound:  # revoked or run out before the keepalive could tell us
+            self._session._expire("lease expired or revoked on the server")
+            raise SessionExpired(
+                f"{self._kind} {self.name!r}: the session's lease is gone"
+            ) from None
         if response.succeeded:
             my_rev = response.header.revision
         else:

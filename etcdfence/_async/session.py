@@ -12,7 +12,14 @@ import structlog
 from .. import metrics
 from .._keys import validate_name
 from .._wire import messages as m
-from ..errors import EtcdfenceError, InvalidArgument, InvalidType, LeaseNotFound, SessionExpired
+from ..errors import (
+    EtcdfenceError,
+    EtcdUnavailable,
+    InvalidArgument,
+    InvalidType,
+    LeaseNotFound,
+    SessionExpired,
+)
 from . import _compat
 from .election import AsyncElection
 from .lock import AsyncLock
@@ -268,10 +275,15 @@ class AsyncSession:
     async def _keepalive(self) -> None:
         lease_id = self.lease_id
         interval = max(self._ttl / 3.0, 0.1)
+        # An endpoint that stops answering without closing the stream (a frozen member)
+        # must not cost the lease while other members are healthy: give up on it after
+        # half an interval, well before the deadline, and fail over.
+        patience = interval / 2
         request = m.LeaseKeepAliveRequest(ID=lease_id)
         backoff = 0.05
         while not self._stopping.is_set():
             try:
+                endpoint = self._conn._current
                 stream = await self._conn.open_stream("LeaseKeepAlive")
                 self._stream = stream
                 if self._stopping.is_set():
@@ -281,7 +293,14 @@ class AsyncSession:
                     sent = _compat.monotonic()
                     await stream.write(request)
                     self.keepalives_sent += 1
-                    response = await stream.read()
+                    try:
+                        response = await stream.read(timeout=patience)
+                    except TimeoutError:
+                        self._conn.rotate(endpoint)
+                        raise EtcdUnavailable(
+                            f"no keepalive answer from {self._conn.endpoints[endpoint]} "
+                            f"within {patience:.2f}s"
+                        ) from None
                     if response is None:
                         raise EtcdfenceError("etcd closed the keepalive stream")
                     if response.TTL <= 0:

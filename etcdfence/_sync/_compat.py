@@ -121,11 +121,31 @@ class Stream:
     def write(self, request: Any) -> None:
         self._requests.put(request)
 
-    def read(self) -> Any:
+    def read(self, timeout: float | None = None) -> Any:
+        """The next response; :class:`TimeoutError` (and the stream cancelled) if none
+        arrives within ``timeout`` seconds."""
+        timer = None
+        gave_up = threading.Event()
+        if timeout is not None:
+
+            def give_up() -> None:
+                gave_up.set()
+                self.cancel()
+
+            timer = threading.Timer(timeout, give_up)
+            timer.daemon = True
+            timer.start()
         try:
             return next(self._call)
         except StopIteration:
             return None
+        except grpc.RpcError:
+            if gave_up.is_set():
+                raise TimeoutError from None
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def cancel(self) -> None:
         self._requests.put(_CLOSE)

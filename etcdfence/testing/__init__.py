@@ -25,20 +25,58 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._binaries import EtcdBinaryNotFound, etcd_version, find_etcd, find_etcdctl
     from .certs import TLSFiles, make_test_pki
+    from .history import (
+        Change,
+        CheckResult,
+        Event,
+        History,
+        Layout,
+        LeaderState,
+        Observer,
+        PendingWrite,
+        Recorder,
+        Term,
+        Violation,
+        build_terms,
+        check,
+        jsonl_sink,
+        leader_changes,
+        parse_events,
+        parse_write_value,
+        write_value,
+    )
     from .proxy import FaultProxy
     from .server import EtcdCluster, EtcdServer, EtcdStartError
 
 __all__ = [
+    "Change",
+    "CheckResult",
     "EtcdBinaryNotFound",
     "EtcdCluster",
     "EtcdServer",
     "EtcdStartError",
+    "Event",
     "FaultProxy",
+    "History",
+    "Layout",
+    "LeaderState",
+    "Observer",
+    "PendingWrite",
+    "Recorder",
     "TLSFiles",
+    "Term",
+    "Violation",
+    "build_terms",
+    "check",
     "etcd_version",
     "find_etcd",
     "find_etcdctl",
+    "jsonl_sink",
+    "leader_changes",
     "make_test_pki",
+    "parse_events",
+    "parse_write_value",
+    "write_value",
 ]
 
 _WHERE = {
@@ -52,6 +90,24 @@ _WHERE = {
     "EtcdCluster": ".server",
     "EtcdServer": ".server",
     "EtcdStartError": ".server",
+    "Recorder": ".history",
+    "Observer": ".history",
+    "Layout": ".history",
+    "History": ".history",
+    "check": ".history",
+    "CheckResult": ".history",
+    "Violation": ".history",
+    "Event": ".history",
+    "Change": ".history",
+    "Term": ".history",
+    "PendingWrite": ".history",
+    "LeaderState": ".history",
+    "build_terms": ".history",
+    "leader_changes": ".history",
+    "jsonl_sink": ".history",
+    "parse_events": ".history",
+    "write_value": ".history",
+    "parse_write_value": ".history",
 }
 
 

@@ -1,0 +1,404 @@
+"""Harness of the chaos scenarios: contender processes, rounds, and the run summary.
+
+- ``CHAOS_ROUNDS=N`` runs every scenario for at least N fault rounds (and the hypothesis
+  machine for at least N examples), for a soak: ``CHAOS_ROUNDS=20 make chaos``;
+- the ``chaos`` fixture is a :class:`ScenarioRecord` each scenario fills in (faults
+  injected, the checker's result); at the end of the run a table of all records is
+  printed and written as markdown to ``tests/chaos/last_summary.md``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import pytest
+
+import etcdfence as ef
+from etcdfence.testing.history import (
+    CheckResult,
+    Event,
+    History,
+    Layout,
+    Observer,
+    check,
+    parse_events,
+)
+
+ROUNDS_ENV = "CHAOS_ROUNDS"
+CONTENDER = str(Path(__file__).with_name("_contender.py"))
+SUMMARY_FILE = Path(__file__).with_name("last_summary.md")
+T = TypeVar("T")
+
+
+def rounds(default: int) -> int:
+    """The number of fault rounds of a scenario: ``default``, or ``$CHAOS_ROUNDS`` if
+    that is larger (a soak only ever scales up)."""
+    value = os.environ.get(ROUNDS_ENV, "").strip()
+    return max(default, int(value)) if value else default
+
+
+def wait_until(
+    condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02
+) -> T:
+    """Poll ``condition()`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ----------------------------------------------------------------------------- records
+
+
+@dataclass
+class ScenarioRecord:
+    """What one scenario did, for the summary table."""
+
+    scenario: str
+    rounds: int = 0
+    faults: collections.Counter[str] = field(default_factory=collections.Counter)
+    stale_attempted: int = 0
+    stale_accepted: int = 0
+    violations: int = 0
+    expect_violations: bool = False
+    verdicts: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    outcome: str = "?"
+
+    def fault(self, name: str, count: int = 1) -> None:
+        self.faults[name] += count
+
+    def add(self, result: CheckResult) -> None:
+        """Fold a checker result into the record."""
+        self.stale_attempted += result.stats["stale_attempted"]
+        self.stale_accepted += result.stats["stale_accepted"]
+        self.violations += len(result.violations)
+        self.verdicts.append(str(result))
+
+
+_RECORDS: list[ScenarioRecord] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    record = getattr(item, "_chaos_record", None)
+    relevant = report.when == "call" or report.outcome != "passed"
+    if record is not None and relevant and record.outcome in ("?", "passed"):
+        record.outcome = report.outcome
+    return report
+
+
+@pytest.fixture
+def chaos(request: pytest.FixtureRequest) -> Iterator[ScenarioRecord]:
+    """The scenario's summary record (named after the test)."""
+    name = request.node.name.removeprefix("test_")
+    record = ScenarioRecord(name)
+    request.node._chaos_record = record
+    started = time.monotonic()
+    try:
+        yield record
+    finally:
+        record.seconds = time.monotonic() - started
+        _RECORDS.append(record)
+
+
+def summary_rows() -> list[list[str]]:
+    rows = []
+    for r in _RECORDS:
+        faults = ", ".join(f"{n} x{c}" for n, c in sorted(r.faults.items())) or "-"
+        violations = str(r.violations)
+        if r.expect_violations:
+            violations += " (expected: guard bypassed)"
+        rows.append(
+            [
+                r.scenario,
+                str(r.rounds),
+                faults,
+                str(r.stale_attempted),
+                str(r.stale_accepted),
+                violations,
+                f"{r.seconds:.1f}",
+                r.outcome,
+            ]
+        )
+    return rows
+
+
+HEADER = [
+    "Scenario",
+    "Rounds",
+    "Faults injected",
+    "Stale writes attempted",
+    "Stale writes accepted",
+    "Violations",
+    "Time (s)",
+    "Result",
+]
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _RECORDS:
+        return
+    rows = summary_rows()
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(HEADER)]
+    terminalreporter.write_sep("=", "chaos summary")
+    for line in [HEADER, *rows]:
+        terminalreporter.write_line(
+            "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+        )
+    for record in _RECORDS:
+        for verdict in record.verdicts:
+            terminalreporter.write_line(f"{record.scenario}: {verdict}")
+    SUMMARY_FILE.write_text(
+        "<!-- written by tests/chaos/conftest.py at the end of a chaos run -->\n"
+        + markdown_table(rows)
+    )
+    terminalreporter.write_line(f"(written to {SUMMARY_FILE})")
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+class ContenderProcess:
+    """One ``_contender.py`` process; its JSON events are collected by a thread."""
+
+    def __init__(
+        self,
+        ident: str,
+        endpoints: list[str],
+        layout: Layout,
+        *,
+        ttl: int = 1,
+        unsafe: bool = False,
+        timeout: float = 2.0,
+        interval: float = 0.05,
+        term: float = 0.0,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.ident = ident
+        self.paused = False
+        self._events: list[Event] = []
+        self._cond = threading.Condition()
+        args = [sys.executable, CONTENDER, "--endpoints", ",".join(endpoints)]
+        args += ["--root", layout.root, "--id", ident, "--ttl", str(ttl)]
+        args += ["--timeout", str(timeout), "--interval", str(interval), "--term", str(term)]
+        if unsafe:
+            args.append("--unsafe")
+        self._log: IO[bytes] | None = None
+        self.log_path: Path | None = None
+        if log_dir is not None:
+            self.log_path = log_dir / f"{ident}.stderr.log"
+            self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=self._log if self._log is not None else subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._pump, name=f"read-{ident}", daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            parsed = parse_events([line])
+            with self._cond:
+                self._events.extend(parsed)
+                self._cond.notify_all()
+
+    @property
+    def events(self) -> list[Event]:
+        with self._cond:
+            return list(self._events)
+
+    def last(self, kind: str) -> Event | None:
+        with self._cond:
+            for event in reversed(self._events):
+                if event.kind == kind:
+                    return event
+        return None
+
+    def leading(self) -> Event | None:
+        """The ``elected`` event of the term it is in now (per its own events), or None."""
+        with self._cond:
+            for event in reversed(self._events):
+                if event.kind == "lost":
+                    return None
+                if event.kind == "elected":
+                    return event
+        return None
+
+    def wait_for(
+        self, predicate: Callable[[Event], bool], timeout: float, what: str, after: float = 0.0
+    ) -> Event:
+        """The first event (recorded after ``after``) matching ``predicate``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for event in self._events:
+                    if event.t >= after and predicate(event):
+                        return event
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    break
+                self._cond.wait(min(remaining, 0.1))
+        raise AssertionError(f"no {what} within {timeout:.1f}s\n{self.describe(10)}")
+
+    def describe(self, lines: int = 6) -> str:
+        """State, last events and stderr tail, for failure messages."""
+        status = "running" if self.proc.poll() is None else f"exited {self.proc.returncode}"
+        if self.paused:
+            status = "paused"
+        text = [f"{self.ident} ({status}):"]
+        text += [f"    {e.describe()}" for e in self.events[-lines:]]
+        if self.log_path is not None and self.log_path.exists():
+            tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+            text += [f"    stderr: {line}" for line in tail]
+        return "\n".join(text)
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGCONT if paused, SIGTERM (resign and exit), SIGKILL if it lingers."""
+        if self.proc.poll() is None:
+            if self.paused:
+                self.resume()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._reader.join(5)
+        if self._log is not None:
+            self._log.close()
+
+
+class Contenders:
+    """A group of contender processes on one :class:`Layout`."""
+
+    def __init__(self, client: ef.Client, layout: Layout, log_dir: Path) -> None:
+        self.client = client
+        self.layout = layout
+        self.log_dir = log_dir
+        self.procs: list[ContenderProcess] = []
+
+    def start(self, ident: str, endpoints: list[str], **kwargs: Any) -> ContenderProcess:
+        proc = ContenderProcess(ident, endpoints, self.layout, log_dir=self.log_dir, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def events(self) -> list[Event]:
+        return sorted((e for p in self.procs for e in p.events), key=lambda e: e.t)
+
+    def leader(self) -> ContenderProcess | None:
+        """The process that leads per etcd *and* per its own events, if any."""
+        try:
+            current = self.client.leader(self.layout.election)
+        except ef.EtcdfenceError:
+            return None
+        if current is None:
+            return None
+        for proc in self.procs:
+            elected = proc.leading()
+            if elected is not None and elected.key == current.key:
+                return proc
+        return None
+
+    def wait_leader(
+        self, timeout: float, *, exclude: ContenderProcess | None = None, writing: bool = True
+    ) -> ContenderProcess:
+        """Wait for a leader (not ``exclude``) that has had a write accepted in its term."""
+
+        def ready() -> ContenderProcess | None:
+            proc = self.leader()
+            if proc is None or proc is exclude:
+                return None
+            if writing:
+                elected = proc.leading()
+                accepted = proc.last("accepted")
+                if elected is None or accepted is None or accepted.t < elected.t:
+                    return None
+            return proc
+
+        try:
+            return wait_until(ready, timeout, "a (new) leader that writes")
+        except AssertionError as err:
+            states = "\n".join(proc.describe() for proc in self.procs)
+            raise AssertionError(f"{err}\n{states}") from None
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.paused:
+                proc.resume()
+        for proc in self.procs:
+            proc.stop()
+
+
+@pytest.fixture
+def layout(etcd_namespace: str) -> Layout:
+    return Layout(etcd_namespace)
+
+
+@pytest.fixture
+def cluster_client(etcd_cluster: Any) -> Iterator[ef.Client]:
+    with ef.Client(etcd_cluster.endpoints, timeout=2.0) as client:
+        yield client
+
+
+@pytest.fixture
+def observer(cluster_client: ef.Client, layout: Layout) -> Iterator[Observer]:
+    """Ground truth: every change under the layout's root from before the scenario."""
+    start = cluster_client.revision() + 1
+    with Observer(cluster_client, layout, start_revision=start) as obs:
+        yield obs
+
+
+@pytest.fixture
+def contenders(cluster_client: ef.Client, layout: Layout, tmp_path: Path) -> Iterator[Contenders]:
+    group = Contenders(cluster_client, layout, tmp_path)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def finish(
+    group: Contenders, observer: Observer, client: ef.Client, record: ScenarioRecord
+) -> CheckResult:
+    """Stop every contender, let the observer catch up, read the final state, check."""
+    group.stop_all()
+    observer.sync(timeout=15)
+    history = History.collect(group.events(), observer)
+    history.read_final(client)
+    result = check(history)
+    record.add(result)
+    return result
