@@ -170,23 +170,26 @@ def fence_txn(
     ``If(create_revision(key) == rev) Then(Put(fence, token), ops) Else(Range(key))``
     so a writer that lost its lock writes nothing, still in one round trip.
     """
+    # Built in place with add(): constructing nested messages and passing them to a
+    # parent copies each one, which made this the costliest Python step of a guarded
+    # write. The bytes on the wire are the same.
     mark = encode_mark(token)
-    writes = [op_put(fence_key, mark), *ops]
+    txn = m.TxnRequest()
+    stale = txn.compare.add()
+    stale.key, stale.value = fence_key, mark
+    stale.target, stale.result = m.CompareTarget.VALUE, m.CompareResult.GREATER
+    txn.success.add().request_range.key = fence_key
     if owner is None:
-        accepted = writes
+        accepted = txn.failure
     else:
         owner_key, owner_rev = owner
-        accepted = [
-            m.RequestOp(
-                request_txn=m.TxnRequest(
-                    compare=[cmp_create(owner_key, owner_rev)],
-                    success=writes,
-                    failure=[op_range(range_request(owner_key))],
-                )
-            )
-        ]
-    return m.TxnRequest(
-        compare=[cmp_value_greater(fence_key, mark)],
-        success=[op_range(range_request(fence_key))],
-        failure=accepted,
-    )
+        inner = txn.failure.add().request_txn
+        held = inner.compare.add()
+        held.key, held.create_revision = owner_key, owner_rev
+        held.target, held.result = m.CompareTarget.CREATE, m.CompareResult.EQUAL
+        inner.failure.add().request_range.key = owner_key
+        accepted = inner.success
+    put = accepted.add().request_put
+    put.key, put.value = fence_key, mark
+    accepted.extend(ops)
+    return txn
