@@ -35,7 +35,7 @@ CURVES: list[tuple[str, list[str], list[str]]] = [
     ("throughput", [], ["--quick"]),
     ("hold", [], ["--quick"]),
     ("failover", [], ["--quick"]),
-    ("cluster", [], ["--quick"]),
+    ("cluster", [], ["--quick", "--sizes", "3"]),
 ]
 TABLES: list[tuple[str, list[str], list[str]]] = [
     ("client", [], ["--n", "100", "--rounds", "3"]),
@@ -109,6 +109,16 @@ def main() -> int:
             "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "benches": entries,
         }
+        previous = OUT / "run.json"
+        if only and previous.exists():
+            # a partial re-run: keep the other benches' entries (their JSON is still there)
+            old = json.loads(previous.read_text())
+            rerun = {e["bench"] for e in entries}
+            kept = [e for e in old.get("benches", []) if e["bench"] not in rerun]
+            meta["benches"] = kept + entries
+            meta["seconds"] = old.get("seconds", meta["seconds"])
+            meta["quick"] = old.get("quick", args.quick)
+            meta["rerun"] = sorted(rerun)
         (OUT / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
     print("\n# ===== report.py", flush=True)
     failed |= subprocess.call([sys.executable, str(HERE / "report.py")]) != 0
