@@ -18,32 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import clean_env
 
 import etcdfence as ef
 from etcdfence import cli
 
 PYTHON = sys.executable
+
 CONSOLE_SCRIPT = Path(sys.executable).parent / "etcdfence"
 
 
 # -------------------------------------------------------------------------- helpers
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """Our environment without any etcdfence/etcdctl settings of the developer's shell."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ETCDFENCE_", "ETCDCTL_", "ETCD_LOCK_"))
-    }
-    env.update(extra)
-    return env
-
-
-@pytest.fixture
-def env(etcd_endpoints: list[str]) -> dict[str, str]:
-    """Environment for CLI processes, pointing at the test etcd via ETCDFENCE_ENDPOINTS."""
-    return clean_env(ETCDFENCE_ENDPOINTS=",".join(etcd_endpoints))
 
 
 def etcdfence(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import signal
 import sqlite3
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import clean_env
 
 import etcdfence as ef
 
@@ -25,22 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 PYTHON = sys.executable
 OURS = ["leader_job.py", "fenced_config.py", "http_service.py", "async_service.py"]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ETCDFENCE_", "ETCDCTL_", "ETCD_LOCK_"))
-    }
-    env.update(extra)
-    return env
-
-
-@pytest.fixture
-def env(etcd_endpoints: list[str]) -> dict[str, str]:
-    """The examples find etcd through ETCDFENCE_ENDPOINTS, as documented."""
-    return clean_env(ETCDFENCE_ENDPOINTS=",".join(etcd_endpoints))
 
 
 def example(
