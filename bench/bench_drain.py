@@ -33,6 +33,7 @@ import collections
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,37 @@ def _delta(after: collections.Counter[str], before: collections.Counter[str]) ->
     return collections.Counter({k: v for k, v in out.items() if v})
 
 
+def _threaded_drain(
+    release: Callable[[], Any],
+    pass_through: Callable[[int], None],
+    n: int,
+    counter: Any,
+    watch_key: str,
+    what: str,
+) -> Outcome:
+    """Start ``n`` waiter threads (``pass_through(i)``: acquire, then release), wait
+    until each has its watch open, then ``release`` the held lock and time the drain.
+    Both threaded contenders go through this one procedure."""
+    finished: list[float] = []
+    start_watches = counter.snapshot()[watch_key]
+
+    def waiter(i: int) -> None:
+        pass_through(i)
+        finished.append(time.monotonic())
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(1, n + 1)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: counter.snapshot()[watch_key] - start_watches >= n, 30, what)
+    time.sleep(SETTLE)
+    before = counter.snapshot()
+    t0 = time.monotonic()
+    release()
+    for thread in threads:
+        thread.join()
+    return Outcome(max(finished) - t0, _delta(counter.snapshot(), before), n)
+
+
 class EtcdfenceSync:
     """Waiters are threads, each with its own ``ef.Client`` and session."""
 
@@ -97,33 +129,22 @@ class EtcdfenceSync:
         for session in self.sessions:
             session.open()
 
+    def _pass_through(self, name: str, i: int) -> None:
+        lock = self.sessions[i].lock(name)
+        lock.acquire()
+        lock.release()
+
     def drain(self, name: str, n: int) -> Outcome:
         holder = self.sessions[0].lock(name)
         holder.acquire()
-        finished: list[float] = []
-        start_watches = self.counter.snapshot()["stream:Watch"]
-
-        def waiter(i: int) -> None:
-            lock = self.sessions[i].lock(name)
-            lock.acquire()
-            lock.release()
-            finished.append(time.monotonic())
-
-        threads = [threading.Thread(target=waiter, args=(i,)) for i in range(1, n + 1)]
-        for thread in threads:
-            thread.start()
-        wait_until(
-            lambda: self.counter.snapshot()["stream:Watch"] - start_watches >= n,
-            30,
+        return _threaded_drain(
+            holder.release,
+            lambda i: self._pass_through(name, i),
+            n,
+            self.counter,
+            "stream:Watch",
             "etcdfence waiters to queue",
         )
-        time.sleep(SETTLE)
-        before = self.counter.snapshot()
-        t0 = time.monotonic()
-        holder.release()
-        for thread in threads:
-            thread.join()
-        return Outcome(max(finished) - t0, _delta(self.counter.snapshot(), before), n)
 
     def close(self) -> None:
         for session in self.sessions:
@@ -197,33 +218,22 @@ class Etcd3Locks:
         for client in self.clients:
             count_etcd3(client, self.counter)
 
+    def _pass_through(self, name: str, i: int) -> None:
+        lock = self.clients[i].lock(name, ttl=30)
+        assert lock.acquire(timeout=None)
+        lock.release()
+
     def drain(self, name: str, n: int) -> Outcome:
         holder = self.clients[0].lock(name, ttl=30)
         assert holder.acquire(timeout=None)
-        finished: list[float] = []
-        start_watches = self.counter.snapshot()["watch:create"]
-
-        def waiter(i: int) -> None:
-            lock = self.clients[i].lock(name, ttl=30)
-            assert lock.acquire(timeout=None)
-            lock.release()
-            finished.append(time.monotonic())
-
-        threads = [threading.Thread(target=waiter, args=(i,)) for i in range(1, n + 1)]
-        for thread in threads:
-            thread.start()
-        wait_until(
-            lambda: self.counter.snapshot()["watch:create"] - start_watches >= n,
-            30,
+        return _threaded_drain(
+            holder.release,
+            lambda i: self._pass_through(name, i),
+            n,
+            self.counter,
+            "watch:create",
             "python3-etcd3 waiters to queue",
         )
-        time.sleep(SETTLE)
-        before = self.counter.snapshot()
-        t0 = time.monotonic()
-        holder.release()
-        for thread in threads:
-            thread.join()
-        return Outcome(max(finished) - t0, _delta(self.counter.snapshot(), before), n)
 
     def close(self) -> None:
         for client in self.clients:
