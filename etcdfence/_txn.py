@@ -86,13 +86,6 @@ def cmp_create(key: bytes, revision: int) -> Any:
     )
 
 
-def cmp_value_greater(key: bytes, value: bytes) -> Any:
-    """``value(key) > value``; false when the key is missing."""
-    return m.Compare(
-        key=key, target=m.CompareTarget.VALUE, result=m.CompareResult.GREATER, value=value
-    )
-
-
 def acquire_txn(my_key: bytes, value: bytes, lease: int, prefix: bytes) -> Any:
     """The one-round-trip acquire of Go's Mutex/Election and etcdctl.
 
