@@ -12,7 +12,7 @@ from typing import Any
 
 from ._keys import encode_mark, prefix_range_end, to_bytes, to_key
 from ._wire import messages as m
-from .errors import InvalidType
+from .errors import InvalidArgument, InvalidType
 
 
 @dataclass(frozen=True)
@@ -134,18 +134,24 @@ def guarded_put(key: bytes, value: bytes, lease: int, create_revision: int) -> A
     )
 
 
-def user_ops(ops: object) -> list[Any]:
-    """Validate ``[Put(...), Delete(...)]`` and turn them into RequestOps."""
+def user_ops(ops: object, reserved: bytes | None = None) -> list[Any]:
+    """Validate ``[Put(...), Delete(...)]`` and turn them into RequestOps.
+
+    ``reserved`` is a key the ops must not name (a guard's own mark).
+    """
     if isinstance(ops, (Put, Delete)) or not isinstance(ops, (list, tuple)):
         raise InvalidType("ops must be a list of etcdfence.Put / etcdfence.Delete")
     out = []
     for op in ops:
-        if isinstance(op, Put):
-            out.append(op_put(to_key(op.key), to_bytes(op.value, "value"), op.lease_id))
-        elif isinstance(op, Delete):
-            out.append(op_delete(to_key(op.key), op.prefix))
-        else:
+        if not isinstance(op, (Put, Delete)):
             raise InvalidType(f"ops must be Put or Delete, got {type(op).__name__}")
+        key = to_key(op.key)
+        if key == reserved:
+            raise InvalidArgument(f"ops must not touch the fence key {reserved!r}")
+        if isinstance(op, Put):
+            out.append(op_put(key, to_bytes(op.value, "value"), op.lease_id))
+        else:
+            out.append(op_delete(key, op.prefix))
     return out
 
 

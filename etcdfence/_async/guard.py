@@ -53,10 +53,7 @@ class AsyncFenceGuard:
         accepted a higher token.
         """
         value = coerce_token(token)
-        wire_ops = _txn.user_ops(ops)
-        for op in ops:
-            if to_key(op.key) == self.key:
-                raise InvalidArgument(f"ops must not touch the fence key {self.key!r}")
+        wire_ops = _txn.user_ops(ops, reserved=self.key)
         owner = None
         if self.require_owner:
             if (
