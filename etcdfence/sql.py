@@ -41,7 +41,13 @@ from typing import Any, Literal
 
 from . import metrics
 from ._keys import validate_name
-from .errors import EtcdfenceError, InvalidArgument, InvalidToken, StaleTokenError
+from .errors import (
+    EtcdfenceError,
+    InvalidArgument,
+    InvalidToken,
+    OutcomeUnknown,
+    StaleTokenError,
+)
 from .token import FencingToken, coerce_token
 
 __all__ = [
@@ -50,6 +56,7 @@ __all__ = [
     "MAX_RESOURCE_LENGTH",
     "Dialect",
     "SQLFence",
+    "TransactionAborted",
     "TransactionInProgress",
 ]
 
@@ -98,6 +105,18 @@ class TransactionInProgress(EtcdfenceError, RuntimeError):
     """The connection has uncommitted work, so :class:`SQLFence` cannot start its own
     transaction on it. Commit or roll back first; never call ``guarded`` from inside
     another ``guarded`` block on the same connection."""
+
+
+class TransactionAborted(EtcdfenceError, RuntimeError):
+    """A :meth:`SQLFence.guarded` block could not commit, so nothing of it was committed.
+
+    Raised when a statement inside the block failed even though the block caught the
+    error (PostgreSQL would silently turn the COMMIT into a ROLLBACK; MySQL and SQLite
+    would commit the statements that happened to succeed), or when the database
+    answered the COMMIT by rolling back. The mark did not move and none of the block's
+    writes landed; the error that failed the block is the ``__cause__``. Retry the
+    whole block if that makes sense; do not retry single statements inside it.
+    """
 
 
 class SQLFence:
@@ -279,51 +298,134 @@ class SQLFence:
         Use it for every write a leader makes to the protected tables. On entry it
         opens a transaction and atomically checks ``token`` against the resource's
         mark, advancing the mark when the token is at least as high. The block's
-        statements (on the yielded cursor, or any cursor of the same connection)
-        join that transaction, which commits when the block ends normally.
+        statements on the yielded cursor join that transaction, which commits when
+        the block ends normally.
 
         * Stale token: rolls back and raises :class:`StaleTokenError` (``current``
           is the mark read in the same transaction) before the block runs.
         * Exception in the block: rolls back everything, the mark included, and
           re-raises.
+        * A statement on the yielded cursor failed, even if the block caught the
+          error: the block is failed. Further statements on the cursor are refused,
+          nothing is committed, and :class:`TransactionAborted` is raised at the end
+          of the block. (PostgreSQL would turn the COMMIT into a silent ROLLBACK;
+          MySQL and SQLite would commit a half-done block.) Savepoint recovery
+          inside a guarded block is therefore not supported.
+        * The transaction was ended inside the block (``COMMIT``/``ROLLBACK``
+          statements are refused; ``conn.commit()``, or DDL on MySQL, which commits
+          implicitly, is detected where the driver reports it): nothing more is
+          committed and :class:`~etcdfence.errors.OutcomeUnknown` is raised, since
+          what ran before the end may have been committed.
+        * The COMMIT itself failed: a definite answer from the database (say a
+          serialization failure) is re-raised as is, nothing was committed; a lost
+          connection or an interrupted COMMIT means the outcome is unknown:
+          :class:`~etcdfence.errors.OutcomeUnknown` (or the ``KeyboardInterrupt``
+          itself, which is never swallowed).
+
+        Statements run on *other* cursors of the connection join the transaction
+        too, but only PostgreSQL lets the fence notice when one of them failed: use
+        the yielded cursor.
 
         Raises :class:`~etcdfence.errors.InvalidToken` for a token that is not a
         positive int (or exceeds BIGINT) and ``InvalidArgument``/``InvalidType`` for
-        a bad resource name, before touching the database. Do not commit or roll
-        back inside the block.
+        a bad resource name, before touching the database.
         """
         value = _validate_token(token)
         resource = _validate_resource(resource)
         with self._exclusive():
             started = time.perf_counter()
-            cur = self._conn.cursor()
+            ctl = self._conn.cursor()  # ours: BEGIN, the check, COMMIT / ROLLBACK
+            user: _GuardedCursor | None = None
             try:
-                kind, mark = self._check(cur, resource, value)
+                kind, mark = self._check(ctl, resource, value)
                 if mark < value:  # cannot happen: the upsert leaves max(mark, token)
-                    self._rollback_quietly(cur, kind)
+                    self._rollback_quietly(ctl, kind)
                     raise EtcdfenceError(
                         f"fence check for {resource!r} read mark {mark} below token {value}"
                     )
                 if mark > value:
-                    self._rollback_quietly(cur, kind)
+                    self._rollback_quietly(ctl, kind)
                     metrics.fence_rejected(
                         resource, value, mark, time.perf_counter() - started, self._backend
                     )
                     raise StaleTokenError(resource, value, mark)
+                user = _GuardedCursor(self._conn.cursor(), self._txn_state)
                 try:
-                    yield cur
+                    yield user
                 except BaseException:
-                    self._rollback_quietly(cur, kind)
+                    self._rollback_quietly(ctl, kind)
                     raise
-                try:
-                    self._end(cur, kind, commit=True)
-                except BaseException:
-                    # e.g. a serialization failure at COMMIT: nothing was committed.
-                    self._rollback_quietly(cur, kind)
-                    raise
+                user._closed_by_fence = True
+                self._finish(ctl, kind, user, resource, value)
             finally:
-                _close(cur)
+                if user is not None:
+                    _close(user._cursor)
+                _close(ctl)
             metrics.fence_accepted(resource, value, time.perf_counter() - started, self._backend)
+
+    def _finish(self, ctl: Any, kind: int, user: _GuardedCursor, resource: str, token: int) -> None:
+        """Commit the block's transaction, or refuse to when it cannot commit whole."""
+        if user._ended is not None:
+            # Ended inside the block: what ran before the end may be committed.
+            self._rollback_quietly(ctl, kind)
+            raise self._outcome_unknown(
+                resource,
+                token,
+                f"the transaction was ended inside the guarded block for {resource!r} "
+                f"({user._ended}); what ran before that may have been committed",
+            )
+        state = self._txn_state()
+        if user._failure is not None or state == _TXN_FAILED:
+            self._rollback_quietly(ctl, kind)
+            raise TransactionAborted(
+                f"a statement failed inside the guarded block for {resource!r}; "
+                "nothing was committed and the mark did not move"
+            ) from user._failure
+        if state == _TXN_NONE:
+            self._rollback_quietly(ctl, kind)
+            raise self._outcome_unknown(
+                resource,
+                token,
+                f"the transaction was ended inside the guarded block for {resource!r}; "
+                "what ran in it may have been committed",
+            )
+        try:
+            self._end(ctl, kind, commit=True)
+        except BaseException as exc:
+            if _not_committed(self._dialect, self._conn, exc):
+                # e.g. a serialization failure at COMMIT: nothing was committed.
+                self._rollback_quietly(ctl, kind)
+                raise
+            self._rollback_quietly(ctl, kind)
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt, SystemExit: never swallowed
+            raise self._outcome_unknown(
+                resource,
+                token,
+                f"COMMIT of the guarded block for {resource!r} failed without an answer "
+                f"({exc!r}): it may or may not have been committed",
+            ) from exc
+        if kind == _EXPLICIT and self._dialect == "postgresql":
+            # A COMMIT of a failed transaction "succeeds" with the tag ROLLBACK.
+            tag = getattr(ctl, "statusmessage", None)
+            if isinstance(tag, str) and tag.upper().startswith("ROLLBACK"):
+                raise TransactionAborted(
+                    f"the database rolled back the guarded block for {resource!r} at "
+                    "COMMIT; nothing was committed and the mark did not move"
+                )
+
+    def _outcome_unknown(self, resource: str, token: int, message: str) -> OutcomeUnknown:
+        return OutcomeUnknown(
+            message + "; re-read before deciding, never simply resend",
+            resource=resource,
+            token=token,
+            epoch=0,
+            fenced_off=False,
+        )
+
+    def _txn_state(self) -> int:
+        """What the driver says about the connection's transaction, without a round trip."""
+        return _txn_state(self._dialect, self._conn)
 
     # -- the check ---------------------------------------------------------------
 
@@ -456,9 +558,101 @@ class SQLFence:
             elif kind == _IMPLICIT:
                 self._conn.rollback()
         except Exception as exc:
+            # The transaction may still be open on a live connection, where a later
+            # commit() by the application would commit it after all: close the
+            # connection, so the server aborts it.
             metrics.log.warning(
-                "etcdfence.sql_rollback_failed", dialect=self._dialect, error=repr(exc)
+                "etcdfence.sql_rollback_failed",
+                dialect=self._dialect,
+                error=repr(exc),
+                action="connection closed",
             )
+            with suppress(Exception):
+                self._conn.close()
+
+
+class _GuardedCursor:
+    """The cursor a :meth:`SQLFence.guarded` block gets: a thin wrapper that notices
+    failed statements and the transaction ending, so the fence never commits a block
+    that cannot commit whole. Everything else is passed through to the driver's cursor.
+    """
+
+    def __init__(self, cursor: Any, state: Any) -> None:
+        self._cursor = cursor
+        self._state = state
+        self._failure: BaseException | None = None  # the first statement that failed
+        self._ended: str | None = None  # what ended the transaction inside the block
+        self._closed_by_fence = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor)
+
+    def __enter__(self) -> _GuardedCursor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<guarded {self._cursor!r}>"
+
+    def close(self) -> None:
+        """Close the driver's cursor (the fence's own transaction is unaffected)."""
+        self._cursor.close()
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        """``cursor.execute`` of the driver, inside the guarded transaction."""
+        return self._run("execute", args, kwargs)
+
+    def executemany(self, *args: Any, **kwargs: Any) -> Any:
+        """``cursor.executemany`` of the driver, inside the guarded transaction."""
+        return self._run("executemany", args, kwargs)
+
+    def callproc(self, *args: Any, **kwargs: Any) -> Any:
+        """``cursor.callproc`` of the driver, inside the guarded transaction."""
+        return self._run("callproc", args, kwargs)
+
+    def executescript(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused: sqlite3's ``executescript`` commits the open transaction first."""
+        return self._refuse("executescript() (sqlite3 commits before running the script)")
+
+    def _refuse(self, what: str) -> Any:
+        exc = InvalidArgument(
+            f"{what} is not allowed inside a guarded block: the fence commits or rolls "
+            "back when the block ends"
+        )
+        if self._failure is None:
+            self._failure = exc
+        raise exc
+
+    def _run(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._closed_by_fence:
+            raise InvalidArgument("the guarded block has ended; this cursor is closed")
+        if self._failure is not None or self._ended is not None:
+            raise TransactionAborted(
+                "an earlier statement of this guarded block failed or ended its "
+                "transaction; the block will not commit, further statements are refused"
+            ) from self._failure
+        operation = args[0] if args else None
+        if isinstance(operation, bytes):
+            operation = operation.decode("utf-8", "replace")
+        if isinstance(operation, str):
+            verb = _TXN_CONTROL.match(operation)
+            if verb is not None:
+                self._refuse(verb.group(1).upper())
+        try:
+            result = getattr(self._cursor, method)(*args, **kwargs)
+        except BaseException as exc:
+            self._failure = exc
+            raise
+        if self._state() == _TXN_NONE:
+            # e.g. DDL on MySQL commits implicitly; a COMMIT hidden behind a comment
+            text = operation if isinstance(operation, str) else repr(operation)
+            self._ended = f"by {' '.join(text.split())[:60]!r}"
+        return self if result is self._cursor else result
 
 
 class _Statements:
@@ -568,6 +762,77 @@ def _is_transient(dialect: Dialect, exc: BaseException) -> bool:
             code = exc.args[0]
         return code == 1213  # ER_LOCK_DEADLOCK
     return False
+
+
+# What a driver says about the connection's transaction (no round trip).
+_TXN_UNKNOWN = 0  # the driver cannot tell
+_TXN_NONE = 1  # no transaction open
+_TXN_OPEN = 2
+_TXN_FAILED = 3  # PostgreSQL: a statement failed; COMMIT would roll back
+
+# Statements that end or restart the transaction; refused inside a guarded block.
+_TXN_CONTROL = re.compile(
+    r"\s*(COMMIT|ROLLBACK(?!\s+(?:WORK\s+)?TO\b)|BEGIN|START\s+TRANSACTION|END|ABORT"
+    r"|PREPARE\s+TRANSACTION|XA|SET\s+(?:SESSION\s+|@@SESSION\.|@@)?AUTOCOMMIT)\b",
+    re.IGNORECASE,
+)
+
+# MySQL server errors that do not prove a COMMIT was not applied (the connection or
+# the server went away while it ran): ER_SERVER_SHUTDOWN, ER_ABORTING_CONNECTION,
+# ER_NET_*, ER_QUERY_INTERRUPTED, ER_CONNECTION_KILLED.
+_MYSQL_UNKNOWN = frozenset({1053, 1152, 1153, 1154, 1155, 1156, 1157, 1158, 1159, 1160, 1161})
+_MYSQL_UNKNOWN |= {1317, 1927}
+
+
+def _txn_state(dialect: Dialect, conn: Any) -> int:
+    if dialect == "sqlite":
+        if getattr(conn, "autocommit", None) is False:
+            return _TXN_UNKNOWN  # PEP 249 mode: always in a transaction
+        flag = getattr(conn, "in_transaction", None)
+        return _TXN_UNKNOWN if flag is None else (_TXN_OPEN if flag else _TXN_NONE)
+    if dialect == "postgresql":
+        info = getattr(conn, "info", None)  # psycopg 3
+        status = getattr(info, "transaction_status", None)
+        if status is None:
+            get_status = getattr(conn, "get_transaction_status", None)  # psycopg2
+            status = get_status() if callable(get_status) else None
+        if status is None:
+            return _TXN_UNKNOWN
+        # libpq: IDLE 0, ACTIVE 1, INTRANS 2, INERROR 3, UNKNOWN 4
+        return {0: _TXN_NONE, 2: _TXN_OPEN, 3: _TXN_FAILED}.get(int(status), _TXN_UNKNOWN)
+    flag = getattr(conn, "in_transaction", None)  # mysql.connector
+    if isinstance(flag, bool):
+        return _TXN_OPEN if flag else _TXN_NONE
+    server_status = getattr(conn, "server_status", None)  # PyMySQL: SERVER_STATUS_IN_TRANS
+    if isinstance(server_status, int):
+        return _TXN_OPEN if server_status & 1 else _TXN_NONE
+    return _TXN_UNKNOWN
+
+
+def _not_committed(dialect: Dialect, conn: Any, exc: BaseException) -> bool:
+    """Whether a failed COMMIT is a definite "not committed" from the database (as
+    opposed to a lost connection or an interruption, after which nobody knows)."""
+    if not isinstance(exc, Exception):
+        return False  # KeyboardInterrupt & co. may have cut the exchange anywhere
+    if dialect == "postgresql":
+        if getattr(conn, "broken", False) or getattr(conn, "closed", False):
+            return False
+        state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+        # An answer from the server, and not "connection exception" (08),
+        # "operator intervention" (57: shutdown, cancel) or "internal error" (XX).
+        return isinstance(state, str) and state[:2] not in ("08", "57", "XX")
+    if dialect == "mysql":
+        code = getattr(exc, "errno", None)
+        if code is None and exc.args and isinstance(exc.args[0], int):
+            code = exc.args[0]
+        # 1000-1999 are server errors; 2000+ are the client's (lost connection, ...).
+        return isinstance(code, int) and 1000 <= code < 2000 and code not in _MYSQL_UNKNOWN
+    # SQLite: a busy or locked database leaves the transaction open, uncommitted (we
+    # roll it back); an I/O error may strike after the commit point.
+    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
+    if isinstance(code, int):
+        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 def _close(cur: Any) -> None:

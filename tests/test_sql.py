@@ -28,8 +28,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from etcdfence.errors import InvalidArgument, InvalidToken, InvalidType, StaleTokenError
-from etcdfence.sql import SQLFence, TransactionInProgress
+from etcdfence.errors import (
+    EtcdUnavailable,
+    InvalidArgument,
+    InvalidToken,
+    InvalidType,
+    OutcomeUnknown,
+    StaleTokenError,
+)
+from etcdfence.sql import SQLFence, TransactionAborted, TransactionInProgress
 from etcdfence.token import FencingToken
 
 REQUIRE_SQL = os.environ.get("ETCDFENCE_REQUIRE_SQL") == "1"
@@ -437,6 +444,184 @@ def test_resource_names_are_exact(db: DB) -> None:
     long_name = "r" * 255
     fence.advance(long_name, 1)
     assert fence.current(long_name) == 1
+
+
+# -- a block commits whole or not at all (failed statements, ended transactions) ---------
+
+
+def _driver_error(fence: SQLFence) -> type[BaseException]:
+    """The DB-API base ``Error`` of the fence's driver."""
+    driver = sys.modules[type(fence.connection).__module__.split(".")[0]]
+    return driver.Error  # type: ignore[no-any-return]
+
+
+def test_caught_failing_statement_fails_the_block(db: DB) -> None:
+    """Regression: a statement that failed inside the block, its error caught by the
+    caller, used to end in a "successful" block: PostgreSQL turned the COMMIT into a
+    silent ROLLBACK (no mark, no row, no error); MySQL and SQLite committed the rest."""
+    fence = db.fence()
+    r = _res()
+    fence.advance(r, 10)
+    with pytest.raises(TransactionAborted) as info, fence.guarded(r, 20) as cur:
+        db.insert_log(cur, r, 20)
+        try:
+            cur.execute("INSERT INTO no_such_table_etcdfence VALUES (1)")
+        except _driver_error(fence):
+            pass  # the caller swallows the error and carries on
+    assert isinstance(info.value.__cause__, _driver_error(fence))
+    assert db.log(r) == []
+    assert db.mark(r) == 10
+    assert _no_transaction_open(db, fence.connection)
+    with fence.guarded(r, 20) as cur:  # the connection is fine for the next block
+        db.insert_log(cur, r, 20)
+    assert (db.log(r), db.mark(r)) == ([20], 20)
+
+
+def test_statements_after_a_failure_are_refused(db: DB) -> None:
+    fence = db.fence()
+    r = _res()
+    with pytest.raises(TransactionAborted), fence.guarded(r, 5) as cur:
+        with pytest.raises(_driver_error(fence)):
+            cur.execute("SELECT * FROM no_such_table_etcdfence")
+        with pytest.raises(TransactionAborted):  # refused, not sent (MySQL autocommit
+            db.insert_log(cur, r, 5)  # would otherwise write it outside any fence)
+    assert db.log(r) == []
+    assert db.mark(r) == 0
+
+
+def test_transaction_control_inside_the_block_is_refused(db: DB) -> None:
+    fence = db.fence()
+    r = _res()
+    for statement in ("COMMIT", "  rollback", "BEGIN", "START TRANSACTION"):
+        with pytest.raises(InvalidArgument, match="not allowed"), fence.guarded(r, 5) as cur:
+            db.insert_log(cur, r, 5)
+            cur.execute(statement)
+        with pytest.raises(TransactionAborted), fence.guarded(r, 5) as cur:
+            db.insert_log(cur, r, 5)
+            with pytest.raises(InvalidArgument):
+                cur.execute(statement)
+    assert db.log(r) == []
+    assert db.mark(r) == 0
+    with fence.guarded(r, 5) as cur:  # savepoints are fine
+        cur.execute("SAVEPOINT s1")
+        db.insert_log(cur, r, 5)
+        cur.execute("ROLLBACK TO SAVEPOINT s1")
+        db.insert_log(cur, r, 6)
+    assert db.log(r) == [6]
+
+
+def test_transaction_ended_inside_the_block_is_reported(db: DB) -> None:
+    """conn.commit() inside the block (or, on MySQL, DDL, which commits implicitly)
+    commits the mark and what ran so far; the fence cannot vouch for the block."""
+    if db.variant == "sqlite-pep249":
+        pytest.skip("sqlite3 with autocommit=False reopens a transaction at once")
+    fence = db.fence()
+    r = _res()
+    with pytest.raises(OutcomeUnknown, match="ended inside") as info, fence.guarded(r, 5) as cur:
+        db.insert_log(cur, r, 5)
+        fence.connection.commit()
+    assert isinstance(info.value, EtcdUnavailable)
+    assert (info.value.resource, info.value.token) == (r, 5)
+    assert db.log(r) == [5]  # committed by the caller: that is why the outcome is "unknown"
+    if db.dialect == "mysql":
+        with pytest.raises(OutcomeUnknown, match="CREATE TABLE"), fence.guarded(r, 6) as cur:
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {db.data}_x (a INT)")
+            with pytest.raises(TransactionAborted):
+                db.insert_log(cur, r, 6)  # after the implicit commit: refused
+        db.execute(db.connect(), f"DROP TABLE {db.data}_x")
+        assert db.log(r) == [5]
+
+
+@pytest.mark.sql
+def test_postgresql_failure_on_another_cursor_fails_the_block(tmp_path: Path) -> None:
+    _need("postgresql")
+    d = DB("postgresql-autocommit", "postgresql", tmp_path / "unused")
+    try:
+        d.setup()
+        fence = d.fence()
+        r = _res()
+        with pytest.raises(TransactionAborted), fence.guarded(r, 5) as cur:
+            d.insert_log(cur, r, 5)
+            other = fence.connection.cursor()  # not the guarded cursor
+            with pytest.raises(_driver_error(fence)):
+                other.execute("SELECT * FROM no_such_table_etcdfence")
+        assert d.log(r) == []
+        assert d.mark(r) == 0
+    finally:
+        d.teardown()
+
+
+def _kill_session(db: DB, conn: Any) -> None:
+    """Terminate ``conn``'s server session from another connection (a real fault)."""
+    killer = db.connect()
+    cur = killer.cursor()
+    if db.dialect == "postgresql":
+        cur.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    else:
+        cur.execute(f"KILL {int(conn.thread_id())}")
+    killer.commit()
+    db._forget(killer)
+
+
+@pytest.mark.parametrize("variant", ["postgresql", "postgresql-autocommit", "mysql"])
+@pytest.mark.sql
+def test_commit_on_a_lost_connection_is_outcome_unknown(variant: str, tmp_path: Path) -> None:
+    """The session dies before COMMIT: the driver's connection error is not a "no", so the
+    caller gets OutcomeUnknown (an EtcdUnavailable), not a bare driver error."""
+    d = DB(variant, VARIANTS[variant], tmp_path / "unused")
+    _need(d.dialect)
+    try:
+        d.setup()
+        fence = d.fence()
+        r = _res()
+        with pytest.raises(OutcomeUnknown) as info, fence.guarded(r, 5) as cur:
+            d.insert_log(cur, r, 5)
+            _kill_session(d, fence.connection)
+        assert info.value.fenced_off is False
+        assert d.log(r) == []  # the server aborted it (we know; the client could not)
+        assert d.mark(r) == 0
+    finally:
+        d.teardown()
+
+
+@pytest.mark.parametrize("variant", ["postgresql", "mysql"])
+@pytest.mark.sql
+def test_failed_rollback_closes_the_connection(variant: str, tmp_path: Path) -> None:
+    """An exception in the block whose ROLLBACK fails: the connection is closed, so the
+    open transaction can never be committed later by an unsuspecting commit()."""
+    d = DB(variant, VARIANTS[variant], tmp_path / "unused")
+    _need(d.dialect)
+    try:
+        d.setup()
+        fence = d.fence()
+        r = _res()
+        with pytest.raises(RuntimeError, match="boom"), fence.guarded(r, 5) as cur:
+            d.insert_log(cur, r, 5)
+            _kill_session(d, fence.connection)
+            raise RuntimeError("boom")
+        conn = fence.connection
+        assert conn.closed if d.dialect == "postgresql" else not conn.open
+        assert d.log(r) == []
+    finally:
+        d.teardown()
+
+
+def test_guarded_cursor_behaves_like_the_driver_cursor(db: DB) -> None:
+    fence = db.fence()
+    r = _res()
+    with fence.guarded(r, 3) as cur:
+        db.insert_log(cur, r, 3)
+        assert cur.rowcount == 1
+        cur.execute(db.q("SELECT writer FROM {data} WHERE resource = {p}"), (r,))
+        assert [tuple(row) for row in cur] == [(3,)]
+        cur.executemany(
+            db.q("INSERT INTO {data} (resource, writer) VALUES ({p}, {p})"), [(r, 4), (r, 5)]
+        )
+        with cur as inner:  # closing the caller's cursor does not disturb the fence
+            inner.execute(db.q("SELECT count(*) FROM {data}"))
+            assert inner.fetchone()[0] == 3
+    assert db.log(r) == [3, 4, 5]
+    assert db.mark(r) == 3
 
 
 # -- concurrency ---------------------------------------------------------------------------
