@@ -10,13 +10,14 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -36,6 +37,7 @@ from etcdfence.testing.history import (
 
 ROUNDS_ENV = "CHAOS_ROUNDS"
 CONTENDER = str(Path(__file__).with_name("_contender.py"))
+ASYNC_CONTENDER = str(Path(__file__).with_name("_async_contender.py"))
 SUMMARY_FILE = Path(__file__).with_name("last_summary.md")
 T = TypeVar("T")
 
@@ -75,6 +77,7 @@ class ScenarioRecord:
     stale_accepted: int = 0
     violations: int = 0
     expect_violations: bool = False
+    expected_because: str = "guard bypassed"
     verdicts: list[str] = field(default_factory=list)
     seconds: float = 0.0
     outcome: str = "?"
@@ -123,7 +126,7 @@ def summary_rows() -> list[list[str]]:
         faults = ", ".join(f"{n} x{c}" for n, c in sorted(r.faults.items())) or "-"
         violations = str(r.violations)
         if r.expect_violations:
-            violations += " (expected: guard bypassed)"
+            violations += f" (expected: {r.expected_because})"
         rows.append(
             [
                 r.scenario,
@@ -181,7 +184,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 class ContenderProcess:
-    """One ``_contender.py`` process; its JSON events are collected by a thread."""
+    """One ``_contender.py`` process; its JSON events are collected by a thread.
+
+    ``script``/``extra_args``/``env`` run another contender program (e.g.
+    ``_async_contender.py`` under libfaketime). ``clock_rate``: the child's clocks run
+    at this rate (libfaketime), so its event times mean nothing here: its times and
+    session deadlines are mapped to this process's ``time.monotonic()`` by the rate and
+    an offset measured from the arrival of its lines (see :meth:`_restamp`).
+    """
 
     def __init__(
         self,
@@ -195,16 +205,24 @@ class ContenderProcess:
         interval: float = 0.05,
         term: float = 0.0,
         log_dir: Path | None = None,
+        script: str = CONTENDER,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        clock_rate: float | None = None,
     ) -> None:
         self.ident = ident
+        self.clock_rate = clock_rate
+        self._raw: list[Event] = []
+        self._offset: float | None = None
         self.paused = False
         self._events: list[Event] = []
         self._cond = threading.Condition()
-        args = [sys.executable, CONTENDER, "--endpoints", ",".join(endpoints)]
+        args = [sys.executable, script, "--endpoints", ",".join(endpoints)]
         args += ["--root", layout.root, "--id", ident, "--ttl", str(ttl)]
         args += ["--timeout", str(timeout), "--interval", str(interval), "--term", str(term)]
         if unsafe:
             args.append("--unsafe")
+        args += list(extra_args)
         self._log: IO[bytes] | None = None
         self.log_path: Path | None = None
         if log_dir is not None:
@@ -216,6 +234,7 @@ class ContenderProcess:
             stderr=self._log if self._log is not None else subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
             text=True,
+            env=None if env is None else dict(env),
         )
         self._reader = threading.Thread(target=self._pump, name=f"read-{ident}", daemon=True)
         self._reader.start()
@@ -223,10 +242,37 @@ class ContenderProcess:
     def _pump(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            arrival = time.monotonic()
             parsed = parse_events([line])
             with self._cond:
-                self._events.extend(parsed)
+                if self.clock_rate is None:
+                    self._events.extend(parsed)
+                else:
+                    self._restamp(parsed, arrival)
                 self._cond.notify_all()
+
+    def _restamp(self, parsed: list[Event], arrival: float) -> None:
+        """Map the child's (faked) times to ours: ``ours = offset + theirs / rate``, the
+        offset being the smallest ``arrival - t / rate`` seen (the line that travelled
+        fastest), so every time and deadline is exact up to that one latency."""
+        rate = self.clock_rate or 1.0
+        changed = False
+        for event in parsed:
+            self._raw.append(event)
+            offset = arrival - event.t / rate
+            if self._offset is None or offset < self._offset:
+                self._offset, changed = offset, True
+        assert self._offset is not None
+        offset = self._offset
+
+        def mapped(event: Event) -> Event:
+            deadline = None if event.deadline is None else offset + event.deadline / rate
+            return dataclasses.replace(event, t=offset + event.t / rate, deadline=deadline)
+
+        if changed:
+            self._events = [mapped(e) for e in self._raw]
+        else:
+            self._events.extend(mapped(e) for e in parsed)
 
     @property
     def events(self) -> list[Event]:
