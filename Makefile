@@ -55,5 +55,13 @@ bench: install
 chaos: install
 	$(BIN)/python -m pytest -q -m chaos
 
+## The soak: randomized fault schedules (pause, kill, partition, skew, compaction), each round
+## checked by the history checker: `make soak ROUNDS=200 SEED=1234` (SEED fixes the schedule).
+ROUNDS ?= 20
+SEED   ?=
+.PHONY: soak
+soak: install
+	$(BIN)/python tests/chaos/soak.py --rounds $(ROUNDS) $(if $(SEED),--seed $(SEED))
+
 clean:
 	rm -rf $(VENV) $(VENV)-pb5 .pytest_cache .mypy_cache .ruff_cache build *.egg-info
