@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -26,6 +28,22 @@ class Endpoint:
         return f"{'https' if self.tls else 'http'}://{self.target}"
 
 
+#: One DNS label (RFC 1123; underscores allowed, as resolvers accept them in practice).
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def _valid_host(host: str) -> bool:
+    """An IP literal or a DNS name; refuses spaces, commas and other garbage up front
+    instead of letting it fail as an unreachable endpoint after the whole timeout."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
 def parse_endpoint(text: object) -> Endpoint:
     """Parse ``http://h:p``, ``https://h:p`` or ``h:p`` (port defaults to 2379)."""
     if not isinstance(text, str):
@@ -44,6 +62,8 @@ def parse_endpoint(text: object) -> Endpoint:
         raise InvalidArgument(f"endpoint {text!r}: scheme must be http or https")
     if not parts.hostname:
         raise InvalidArgument(f"endpoint {text!r} has no host")
+    if not _valid_host(parts.hostname):
+        raise InvalidArgument(f"endpoint {text!r}: {parts.hostname!r} is not a host name or IP")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise InvalidArgument(f"endpoint {text!r} must be scheme://host:port only")
     return Endpoint(parts.hostname, 2379 if port is None else port, parts.scheme == "https")

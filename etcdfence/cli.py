@@ -25,6 +25,7 @@ import contextlib
 import getpass
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -33,14 +34,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, MutableMapping, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
 import structlog
 
 from . import __version__
+from ._keys import validate_name
 from ._sync.client import Client
 from ._sync.elector import LeaderElector
+from ._sync.session import default_margin
 from .errors import (
     AcquireTimeout,
     AuthError,
@@ -117,9 +121,32 @@ environment (defaults for the connection options; the etcdctl name is the fallba
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:2379"
 DEFAULT_TIMEOUT = 5.0
+DEFAULT_GRACE = 5.0
+#: etcd refuses leases longer than this (``MaxLeaseTTL`` in etcd's lessor).
+MAX_TTL = 9_000_000_000
+#: The longest wait any option accepts (about 31 years); beyond it timers overflow.
+MAX_SECONDS = 1e9
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.05
+#: What a --grace must leave of the window besides margin and keepalive interval: the
+#: supervisor's poll, the keepalive's round trip and signal delivery.
+GRACE_SLACK = 0.25
+
+
+def max_grace(ttl: int) -> float:
+    """The longest ``--grace`` that fits a session of ``ttl`` seconds.
+
+    The command must be dead before etcd can expire the lease, i.e. by the session's
+    local deadline (send time of the last acknowledged keepalive + TTL − margin). So
+    the supervisor starts SIGTERM at the latest ``grace`` before that deadline. Right
+    after an acknowledged keepalive the deadline is TTL − margin away, and it shrinks
+    by up to one keepalive interval (TTL/3) before the next acknowledgement refreshes
+    it; a grace that does not fit into ``TTL − margin − TTL/3 − GRACE_SLACK`` would
+    stop a healthy command between two keepalives.
+    """
+    interval = max(ttl / 3.0, 0.1)
+    return ttl - default_margin(ttl) - interval - GRACE_SLACK
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -195,8 +222,10 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds up to {MAX_SECONDS:g}, got {text!r}"
+        )
     return value
 
 
@@ -205,8 +234,10 @@ def _nonnegative_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text!r}")
+    if not 0 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds from 0 to {MAX_SECONDS:g}, got {text!r}"
+        )
     return value
 
 
@@ -215,9 +246,43 @@ def _ttl(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"TTL must be whole seconds, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"TTL must be at least 1 second, got {text!r}")
+    if not 1 <= value <= MAX_TTL:
+        raise argparse.ArgumentTypeError(
+            f"TTL must be from 1 to {MAX_TTL} seconds (etcd's limit), got {text!r}"
+        )
     return value
+
+
+def _name(text: str) -> str:
+    """A lock/election name or resource: non-empty UTF-8 text, no trailing '/'."""
+    try:
+        return validate_name(text)
+    except EtcdfenceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _text(text: str) -> str:
+    """An identity, key or value: must be UTF-8 text (argv bytes that are not UTF-8
+    arrive as lone surrogates and could not be sent to etcd)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text: {text!r}") from None
+    return text
+
+
+def _key(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the key must not be empty")
+    return _text(text)
+
+
+def _identity(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("--id must not be empty")
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError(f"--id must not contain NUL: {text!r}")
+    return _text(text)
 
 
 def _members(text: str) -> int:
@@ -343,15 +408,19 @@ examples:
         "exit with its status; the command's environment carries the fencing token:\n"
         "  ETCDFENCE_TOKEN, ETCD_LOCK_REV   the token (the revision that granted the lock)\n"
         "  ETCD_LOCK_KEY, ETCDFENCE_KEY     the lock key NAME/<lease hex>\n"
-        "The lock is released when the command exits. If the session's lease is lost while\n"
-        "the command runs, the command gets SIGTERM (SIGKILL after --grace) and lock exits 6.\n"
+        "The command runs in a process group of its own (the terminal's foreground group\n"
+        "when lock runs in one). The lock is released when the command exits, after what it\n"
+        "left running in its group is stopped. If the lease is lost, or cannot be renewed in\n"
+        "time for --grace, the group gets SIGTERM, then SIGKILL after --grace and no later\n"
+        "than the session's local deadline, and lock exits 6. If lock itself dies (even by\n"
+        "SIGKILL), the whole group is killed at once.\n"
         "SIGTERM/SIGHUP (and SIGINT when not from the terminal) are passed on to it.\n"
         "Without a command, print 'KEY TOKEN' and hold the lock until SIGINT/SIGTERM.",
         "  etcdfence lock jobs/nightly -- sh -c 'echo token $ETCDFENCE_TOKEN'\n"
         "  etcdfence lock --ttl 10 --timeout-acquire 30 jobs/nightly -- ./backup.sh\n"
         "  etcdfence lock jobs/nightly            # prints 'jobs/nightly/694d... 1234', holds",
     )
-    p.add_argument("name", metavar="NAME", help="lock name (keys live under NAME/)")
+    p.add_argument("name", metavar="NAME", type=_name, help="lock name (keys live under NAME/)")
     p.add_argument("command", metavar="CMD", nargs="*", help="command to run (after '--')")
     p.add_argument(
         "--ttl",
@@ -371,8 +440,10 @@ examples:
         "--grace",
         metavar="SECONDS",
         type=_nonnegative_float,
-        default=5.0,
-        help="after the lock is lost: seconds between SIGTERM and SIGKILL (default: 5)",
+        default=None,
+        help="seconds between SIGTERM and SIGKILL when the lock is lost; must fit the "
+        "TTL (see 'Sizing TTL, margin and grace' in the README) "
+        f"(default: {DEFAULT_GRACE:g}, or the most the TTL allows)",
     )
     p.set_defaults(func=cmd_lock)
 
@@ -387,6 +458,9 @@ examples:
         "When leadership is lost (the session's local deadline passed — e.g. this process\n"
         "was frozen — the lease expired, or the key was deleted) the command's process\n"
         "group gets SIGTERM, then SIGKILL after --grace, and the supervisor campaigns again.\n"
+        "SIGTERM starts early enough (when the lease has less than --grace left) that SIGKILL\n"
+        "lands before etcd can expire the lease; if the supervisor dies, even by SIGKILL,\n"
+        "the command's group is killed at once.\n"
         "When the command exits by itself, the supervisor resigns and exits with its status.\n"
         "SIGTERM/SIGINT/SIGHUP to the supervisor: stop the command the same way, resign and\n"
         "exit 0 (a requested shutdown is a clean one); a second signal kills at once.\n"
@@ -395,11 +469,12 @@ examples:
         '  etcdfence run jobs/compactor --id "$(hostname)" --ttl 5 --grace 10 -- \\\n'
         "      python compactor.py       # compactor.py: FencingToken.from_env()",
     )
-    p.add_argument("name", metavar="NAME", help="election name (keys live under NAME/)")
+    p.add_argument("name", metavar="NAME", type=_name, help="election name (keys live under NAME/)")
     p.add_argument("command", metavar="CMD", nargs="*", help="command to run (after '--')")
     p.add_argument(
         "--id",
         dest="identity",
+        type=_identity,
         metavar="ID",
         required=True,
         help="this candidate's identity, the value 'leader' shows",
@@ -415,8 +490,10 @@ examples:
         "--grace",
         metavar="SECONDS",
         type=_nonnegative_float,
-        default=5.0,
-        help="seconds between SIGTERM and SIGKILL when stopping the command (default: 5)",
+        default=None,
+        help="seconds between SIGTERM and SIGKILL when stopping the command; must fit "
+        "the TTL (see 'Sizing TTL, margin and grace' in the README) "
+        f"(default: {DEFAULT_GRACE:g}, or the most the TTL allows)",
     )
     p.set_defaults(func=cmd_run)
 
@@ -433,7 +510,7 @@ examples:
         "  etcdfence leader services/scheduler\n"
         "  etcdfence leader services/scheduler | jq -r .value",
     )
-    p.add_argument("name", metavar="NAME", help="election name")
+    p.add_argument("name", metavar="NAME", type=_name, help="election name")
     p.set_defaults(func=cmd_leader)
 
     p = sub(
@@ -445,7 +522,7 @@ examples:
         "  etcdfence observe services/scheduler\n"
         "  etcdfence observe services/scheduler | jq -c '{value, revision}'",
     )
-    p.add_argument("name", metavar="NAME", help="election name")
+    p.add_argument("name", metavar="NAME", type=_name, help="election name")
     p.set_defaults(func=cmd_observe)
 
     # fence -----------------------------------------------------------------------------
@@ -470,9 +547,12 @@ examples:
             epilog=f"examples:\n{examples}\n\n{EXIT_CODES_HELP}",
         )
         _add_connection_options(fp, top=False)
-        fp.add_argument("resource", metavar="RESOURCE", help="name of the guarded resource")
+        fp.add_argument(
+            "resource", metavar="RESOURCE", type=_name, help="name of the guarded resource"
+        )
         fp.add_argument(
             "--prefix",
+            type=_key,
             default="/etcdfence/fence/",
             help="where marks are stored (default: /etcdfence/fence/)",
         )
@@ -494,8 +574,8 @@ examples:
         "  etcdfence fence put config/db config/db/primary 10.0.0.5 --token 1234\n"
         "  etcdfence lock config/db -- etcdfence fence put config/db config/db/primary 10.0.0.6",
     )
-    fp.add_argument("data_key", metavar="KEY", help="the etcd key to write")
-    fp.add_argument("value", metavar="VALUE", help="the value to write")
+    fp.add_argument("data_key", metavar="KEY", type=_key, help="the etcd key to write")
+    fp.add_argument("value", metavar="VALUE", type=_text, help="the value to write")
     fp.add_argument(
         "--token",
         type=_token,
@@ -583,6 +663,25 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args = parser.parse_args(argv)
     if args.command_name == "run" and not args.command:
         parser.error("run needs a command: etcdfence run NAME --id ID -- CMD ...")
+    if args.command_name in _COMMANDS_TAKING_CMD:
+        limit = max_grace(args.ttl)
+        if args.grace is None:
+            args.grace = max(0.0, min(DEFAULT_GRACE, limit))
+        elif args.grace > limit:
+            parser.error(
+                f"--grace {args.grace:g} does not fit --ttl {args.ttl}: the command must be "
+                f"killed before etcd can expire the lease, so with TTL {args.ttl} --grace can "
+                f"be at most {math.floor(limit * 100) / 100:g}s (TTL - margin "
+                f"{default_margin(args.ttl):g}s - keepalive interval {args.ttl / 3:.2f}s - "
+                f"{GRACE_SLACK:g}s); lower --grace or raise --ttl"
+            )
+    for option in ("user", "password", "endpoints", "cacert", "cert_file", "key_file"):
+        value = getattr(args, option, None)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                parser.error(f"--{option.replace('_file', '')}: not valid UTF-8 text: {value!r}")
     return args
 
 
@@ -693,25 +792,170 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _spawn(command: list[str], env: dict[str, str], *, own_group: bool) -> subprocess.Popen[bytes]:
-    try:
-        if own_group:
-            return subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+#: The reaper program (see :mod:`etcdfence._reaper`), run by path so that it imports
+#: neither etcdfence nor gRPC and starts in milliseconds.
+_REAPER = str(Path(__file__).with_name("_reaper.py"))
+
+
+def _read_lines(fd: int, buffer: bytearray, *, block: bool) -> list[str] | None:
+    """Complete lines available on ``fd`` (``None`` at EOF with nothing left)."""
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except BlockingIOError:
+            data = None
+        if data == b"":
+            if not buffer:
+                return None
+            lines, buffer[:] = buffer.decode("ascii", "replace").splitlines(), b""
+            return lines
+        if data:
+            buffer.extend(data)
+        if b"\n" in buffer:
+            head, _, tail = bytes(buffer).rpartition(b"\n")
+            buffer[:] = tail
+            return head.decode("ascii", "replace").splitlines()
+        if data is None or not block:
+            return []
+
+
+class _Child:
+    """The command after ``--``, run by a reaper in a process group of its own.
+
+    The reaper (:mod:`etcdfence._reaper`) leads the group and SIGKILLs all of it the
+    moment this process dies — even by SIGKILL — so the command never outlives its
+    supervisor. ``run`` puts it in a new session with stdin from /dev/null; ``lock``
+    in a new process group of our session (with the terminal's foreground, when we
+    had it, so Ctrl-C and terminal input reach the command as in a shell).
+    """
+
+    def __init__(
+        self, command: list[str], env: dict[str, str], *, new_session: bool, foreground: bool
+    ) -> None:
+        flags = ["--session"] if new_session else []
+        if foreground:
+            flags.append("--foreground")
+        self.foreground = foreground
+        self._buffer = bytearray()
+        self.returncode: int | None = None  # the command's, as Popen.returncode
+        control_r, self._control_w = os.pipe()
+        status_r, status_w = os.pipe()
+        self._status_r = status_r
+        try:
+            fds = [str(control_r), str(status_w)]
+            self.reaper = subprocess.Popen(
+                [sys.executable, "-I", "-S", _REAPER, *fds, *flags, "--", *command],
+                env=env,
+                stdin=subprocess.DEVNULL if new_session else None,
+                pass_fds=(control_r, status_w),
             )
-        return subprocess.Popen(command, env=env)
-    except FileNotFoundError:
-        raise CommandError(f"command not found: {command[0]}", EXIT_NOT_FOUND) from None
-    except PermissionError:
-        raise CommandError(f"command not executable: {command[0]}", EXIT_CANNOT_EXECUTE) from None
+        except BaseException:
+            self._close_fds()
+            raise
+        finally:
+            os.close(control_r)
+            os.close(status_w)
+        self.pgid = self.reaper.pid
+        lines = _read_lines(status_r, self._buffer, block=True) or []
+        first = lines[0] if lines else ""
+        if not first.startswith("started "):
+            self.reaper.wait()
+            self.close()
+            if first.startswith("error ") and self.reaper.returncode == EXIT_NOT_FOUND:
+                raise CommandError(f"command not found: {command[0]}", EXIT_NOT_FOUND)
+            if first.startswith("error "):
+                raise CommandError(f"command not executable: {command[0]}", EXIT_CANNOT_EXECUTE)
+            raise CommandError(f"could not start {command[0]} (reaper failed: {first!r})")
+        self.pid = int(first.split()[1])
+        os.set_blocking(status_r, False)
+        self._handle(lines[1:])
+
+    def _handle(self, lines: list[str]) -> None:
+        for line in lines:
+            if line.startswith("exited "):
+                self.returncode = int(line.split()[1])
+
+    def poll(self) -> int | None:
+        """The command's exit status (128+N for signal N) once it exited, else None.
+        Members of its group may still run (see :meth:`finish`)."""
+        if self.returncode is None:
+            lines = _read_lines(self._status_r, self._buffer, block=False)
+            if lines is None:  # the reaper is gone (the group was SIGKILLed)
+                self.returncode = self.reaper.wait()
+            else:
+                self._handle(lines)
+        return None if self.returncode is None else _exit_status(self.returncode)
+
+    def gone(self) -> bool:
+        """True once the command and everything left in its group have exited."""
+        return self.reaper.poll() is not None and not _group_alive(self.pgid)
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the command's whole process group."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, signum)
+
+    def stop(
+        self,
+        grace: float,
+        *,
+        deadline: Callable[[], float] | None = None,
+        hurry: threading.Event | None = None,
+    ) -> int:
+        """SIGTERM the group, then SIGKILL it after ``grace`` seconds — or earlier, one
+        poll before ``deadline()`` (the session's local deadline: past it etcd may
+        expire the lease and elect someone else), or when ``hurry`` is set. Returns
+        the command's exit status."""
+        started = time.monotonic()
+        if not self.gone():
+            self.signal(signal.SIGTERM)
+        while not self.gone():
+            kill_at = started + grace
+            if deadline is not None:
+                kill_at = min(kill_at, deadline() - _POLL)
+            if time.monotonic() >= kill_at or (hurry is not None and hurry.is_set()):
+                self.signal(signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        self.reaper.wait()
+        status = self.poll()
+        self.close()
+        return status if status is not None else _exit_status(self.reaper.returncode)
+
+    def finish(self, grace: float, *, deadline: Callable[[], float] | None = None) -> int:
+        """After the command exited: stop what it left running in its group (background
+        jobs must not keep working once the lock is released), return its status."""
+        status = self.poll()
+        end = time.monotonic() + 0.5  # the reaper exits by itself when nothing is left
+        while not self.gone() and time.monotonic() < end:
+            time.sleep(0.01)
+        if not self.gone():
+            _say(f"stopping processes the command left in its group {self.pgid}")
+        stopped = self.stop(grace, deadline=deadline)
+        return status if status is not None else stopped
+
+    def _close_fds(self) -> None:
+        for fd in (self._control_w, self._status_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._control_w = self._status_r = -1
+
+    def close(self) -> None:
+        """Close our end of the reaper's pipe (a reaper still running then kills its
+        group) and take the terminal back if the command had it."""
+        self._close_fds()
+        if self.foreground:
+            self.foreground = False
+            _take_terminal()
 
 
-def _signal_child(proc: subprocess.Popen[bytes], signum: int, *, group: bool) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if group:
-            os.killpg(proc.pid, signum)
-        elif proc.poll() is None:
-            proc.send_signal(signum)
+def _take_terminal() -> None:
+    with contextlib.suppress(OSError, ValueError):
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            os.tcsetpgrp(0, os.getpgrp())
+        finally:
+            signal.signal(signal.SIGTTOU, previous)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -720,30 +964,6 @@ def _group_alive(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-def stop_child(
-    proc: subprocess.Popen[bytes],
-    grace: float,
-    *,
-    group: bool,
-    hurry: threading.Event | None = None,
-) -> int:
-    """SIGTERM the child (its whole process group if ``group``), wait up to ``grace``
-    seconds, then SIGKILL whatever is left. Returns the child's exit status.
-
-    With ``group``, members that outlive the child itself (a shell's background jobs)
-    are killed too: nothing started under a lost lease may keep writing. Setting
-    ``hurry`` (a second signal) skips the rest of the grace period.
-    """
-    deadline = time.monotonic() + grace
-    _signal_child(proc, signal.SIGTERM, group=group)
-    while proc.poll() is None or (group and _group_alive(proc.pid)):
-        if time.monotonic() >= deadline or (hurry is not None and hurry.is_set()):
-            _signal_child(proc, signal.SIGKILL, group=group)
-            break
-        time.sleep(0.02)
-    return _exit_status(proc.wait())
 
 
 # -- lock --------------------------------------------------------------------------------
@@ -776,7 +996,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
             session.on_expired(on_expired)
             if not args.command:
                 return _hold_lock(args.name, token, signals, lost)
-            return _run_locked(args, token, signals, lost)
+            return _run_locked(args, token, signals, lost, session)
         finally:
             signals.raising = False
             _release(lock, session)
@@ -804,8 +1024,29 @@ def _hold_lock(name: str, token: FencingToken, signals: _Signals, lost: threadin
         signals.wake.wait(1.0)
 
 
+def _kill_deadline(session: Any) -> Callable[[], float]:
+    """When the command must be dead at the latest: the session's local deadline (TTL −
+    margin after the send time of the last acknowledged keepalive; etcd cannot expire
+    the lease earlier), or now if the session already expired."""
+
+    def deadline() -> float:
+        return time.monotonic() if session.expired else float(session.deadline)
+
+    return deadline
+
+
+def _must_stop(deadline: Callable[[], float], grace: float) -> bool:
+    """Whether SIGTERM, ``grace`` and SIGKILL would no longer fit before ``deadline()``:
+    the keepalive was not acknowledged in time, so stop now, while the lease still holds."""
+    return time.monotonic() >= deadline() - grace - _POLL
+
+
 def _run_locked(
-    args: argparse.Namespace, token: FencingToken, signals: _Signals, lost: threading.Event
+    args: argparse.Namespace,
+    token: FencingToken,
+    signals: _Signals,
+    lost: threading.Event,
+    session: Any,
 ) -> int:
     key = token.key or ""
     env = dict(os.environ)
@@ -815,24 +1056,26 @@ def _run_locked(
         ETCD_LOCK_KEY=key,
         ETCD_LOCK_REV=str(token.value),
     )
-    proc = _spawn(args.command, env, own_group=False)
-    tty_sigint = _tty_delivers_sigint()
-    while True:
-        signals.wake.clear()
-        returncode = proc.poll()
-        if returncode is not None:
-            return _exit_status(returncode)
-        for signum in signals.take():
-            if not (signum == signal.SIGINT and tty_sigint):
-                _signal_child(proc, signum, group=False)
-        if lost.is_set():
-            status = stop_child(proc, args.grace, group=False)
-            _error(
-                f"lost the lock {args.name!r} (session expired) while the command ran; "
-                f"stopped it (status {status})"
-            )
-            return EXIT_LOST
-        signals.wake.wait(_POLL)
+    deadline = _kill_deadline(session)
+    child = _Child(args.command, env, new_session=False, foreground=_tty_delivers_sigint())
+    try:
+        while True:
+            signals.wake.clear()
+            if child.poll() is not None:
+                return child.finish(args.grace, deadline=deadline)
+            for signum in signals.take():
+                child.signal(signum)
+            if lost.is_set() or _must_stop(deadline, args.grace):
+                why = "session expired" if lost.is_set() else "lease not renewed in time"
+                status = child.stop(args.grace, deadline=deadline)
+                _error(
+                    f"lost the lock {args.name!r} ({why}) while the command ran; "
+                    f"stopped it (status {status})"
+                )
+                return EXIT_LOST
+            signals.wake.wait(_POLL)
+    finally:
+        child.close()
 
 
 # -- run -----------------------------------------------------------------------------------
@@ -878,29 +1121,39 @@ class _Supervisor:
         """One leadership term: run the command until it exits or the term ends."""
         if self.shutdown.is_set() or stop.is_set():
             return
+        session = self.elector._session
+        deadline = _kill_deadline(session) if session is not None else None
+        grace = self.args.grace
         env = dict(os.environ)
         env.update(token.to_env())
         env["ETCDFENCE_KEY"] = token.key or ""
         try:
-            proc = _spawn(self.args.command, env, own_group=True)
+            child = _Child(self.args.command, env, new_session=True, foreground=False)
         except CommandError as exc:
             self.error = exc
             self.elector.stop()
             return
-        _say(f"started {shlex.join(self.args.command)} (pid {proc.pid}, token {token})")
-        while True:
-            returncode = proc.poll()
-            if returncode is not None:
-                self.child_status = _exit_status(returncode)
-                _say(f"command exited with status {self.child_status}; resigning")
-                self.elector.stop()
-                return
-            if stop.wait(_POLL):
-                break
-        why = "shutting down" if self.shutdown.is_set() else "leadership lost"
-        _say(f"{why}: stopping pid {proc.pid} (SIGTERM, SIGKILL after {self.args.grace:g}s)")
-        status = stop_child(proc, self.args.grace, group=True, hurry=self.hurry)
-        _say(f"command stopped (status {status})")
+        try:
+            _say(f"started {shlex.join(self.args.command)} (pid {child.pid}, token {token})")
+            why = "leadership lost"
+            while True:
+                if child.poll() is not None:
+                    self.child_status = child.finish(grace, deadline=deadline)
+                    _say(f"command exited with status {self.child_status}; resigning")
+                    self.elector.stop()
+                    return
+                if stop.wait(_POLL):
+                    break
+                if deadline is not None and _must_stop(deadline, grace):
+                    why = "lease not renewed in time (SIGKILL must land before it can expire)"
+                    break
+            if self.shutdown.is_set():
+                why = "shutting down"
+            _say(f"{why}: stopping pid {child.pid} (SIGTERM, SIGKILL after {grace:g}s)")
+            status = child.stop(grace, deadline=deadline, hurry=self.hurry)
+            _say(f"command stopped (status {status})")
+        finally:
+            child.close()
 
     def request_stop(self) -> None:
         if self.shutdown.is_set():
