@@ -22,9 +22,10 @@ each on all endpoints or pinned to one member. The round's schedule, drawn from 
 - leadership also moves on its own in half of the rounds (``--term 1.5``).
 
 After the faults the network heals, members are restored, some contender must lead and
-write again, and the checker runs on the round's history: no stale token accepted,
-accepted tokens never decrease, no acknowledged write lost, believed-leadership
-intervals never overlap, tokens unique and increasing, no phantom leader. The seed fixes
+write again, the round runs on for 1–2.5 s, and the checker runs on the round's history:
+no stale token accepted, accepted tokens never decrease, no acknowledged write lost,
+believed-leadership intervals never overlap, tokens unique and increasing, no phantom
+leader. The seed fixes
 the schedule (faults, targets, durations, rates); the timing of a real cluster does not
 repeat exactly. Exit status 1 if any round had a violation.
 """
@@ -35,6 +36,7 @@ import argparse
 import collections
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -71,6 +73,7 @@ class Plan:
     skew: float | None
     term: float
     pins: list[int | None]  # per contender: a member index, or None for all endpoints
+    settle: float  # seconds to keep running after recovery (late effects, hand-overs)
 
 
 @dataclass
@@ -107,7 +110,8 @@ def draw(rng: random.Random, netns: bool, skew_ok: bool) -> Plan:
     skew = rng.choice(SKEW_RATES) if skew_ok and rng.random() < 0.4 else None
     term = rng.choice([0.0, 1.5])
     pins = [rng.choice([None, None, 0, 1, 2]) if netns else None for _ in range(3)]
-    return Plan(faults, skew, term, pins)
+    settle = round(rng.uniform(1.0, 2.5), 2)
+    return Plan(faults, skew, term, pins, settle)
 
 
 def describe(plan: Plan) -> str:
@@ -212,6 +216,7 @@ def run_round(
         except AssertionError:
             stalled = True
             totals.stalls += 1
+        time.sleep(plan.settle)  # keep running: late writes, compacted watches, hand-overs
         result = finish(group, observer, client, record)
     except Exception:  # a harness problem, not a verdict: report it and go on
         totals.errors += 1
@@ -282,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, default=None, help="also write the table here")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    # SIGTERM ends the soak through the context managers: members stopped, namespaces gone
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
     rng = random.Random(args.seed)
