@@ -16,6 +16,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -70,6 +71,11 @@ class _Connection:
         self.client = client
         self.upstream = upstream
         self.tasks: list[asyncio.Future[str]] = []
+        # hold(): bytes in a held direction wait for release(); severed: the client side
+        # is gone, but bytes already sent still reach the server.
+        self.held = {"upstream": False, "downstream": False}
+        self.released = {"upstream": asyncio.Event(), "downstream": asyncio.Event()}
+        self.severed = False
 
     def abort(self) -> None:
         for task in self.tasks:
@@ -92,6 +98,10 @@ class FaultProxy:
       on :meth:`heal` (a partition that heals before TCP gives up).
     - :meth:`delay` — latency added to every chunk, order preserved.
     - :meth:`reset` — abort every current connection with a TCP RST.
+    - :meth:`hold` / :meth:`release` — hold back the bytes of the connections open
+      *now* (a request stuck in the network) while connections made later pass
+      normally; :meth:`release` delivers the held bytes in order. :meth:`sever_held`
+      makes the held clients give up while their bytes stay in flight.
     """
 
     def __init__(self, target: str, *, listen_host: str = "127.0.0.1", listen_port: int = 0):
@@ -104,6 +114,7 @@ class FaultProxy:
         self._blackholed = {"upstream": False, "downstream": False}
         self._delays = {"upstream": 0.0, "downstream": 0.0}
         self._hold = False
+        self._held_bytes = 0
         self._connections_total = 0
         self._conns: set[_Connection] = set()
         self._closed = False
@@ -214,6 +225,77 @@ class FaultProxy:
 
         return self._call(apply())
 
+    def hold(self, direction: Direction = "upstream") -> int:
+        """Hold back, from now on, the bytes of every connection open *now*.
+
+        Use it to keep one request "in the network": send it on a connection, call
+        ``hold()`` before (or while) its bytes go out, do later work on a *new*
+        connection (through the proxy or not; connections accepted after ``hold()``
+        pass normally), then :meth:`release` the held bytes and see what they do.
+        Bytes already delivered are not recalled. "Open now" means set up by the
+        proxy: a connection that has completed a round trip through it certainly is
+        (one merely accepted by the kernel a moment ago may not be yet). Returns how
+        many connections are held. Default direction ``upstream`` (client → server):
+        the server does not see the request; ``downstream`` holds the answers instead.
+        """
+        chosen = _directions(direction)
+
+        async def apply() -> int:
+            for conn in self._conns:
+                for name in chosen:
+                    conn.held[name] = True
+                    conn.released[name].clear()
+            return len(self._conns)
+
+        return self._call(apply())
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes currently held back by :meth:`hold` (0 when nothing is waiting)."""
+        return self._held_bytes
+
+    def wait_held(self, minimum: int = 1, timeout: float = 10.0) -> int:
+        """Wait until at least ``minimum`` bytes are held; return how many are.
+
+        Use it after sending the request to be held, instead of a sleep. Raises
+        ``TimeoutError`` when fewer arrive within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while self._held_bytes < minimum:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self._held_bytes} bytes held, wanted {minimum}")
+            time.sleep(0.01)
+        return self._held_bytes
+
+    def sever_held(self) -> int:
+        """Make the clients of held connections give up: their sockets are reset (as a
+        client timeout or crash would end them), but the bytes they already sent stay
+        held and still reach the server on :meth:`release`, followed by a clean end of
+        stream (FIN, never a reset that could discard them). Answers the server sends
+        are dropped. Returns how many connections were severed."""
+
+        async def apply() -> int:
+            count = 0
+            for conn in self._conns:
+                if any(conn.held.values()) and not conn.severed:
+                    conn.severed = True
+                    _abort(conn.client)
+                    count += 1
+            return count
+
+        return self._call(apply())
+
+    def release(self) -> None:
+        """End :meth:`hold`: deliver every held byte, in order, and pass traffic again."""
+
+        async def apply() -> None:
+            for conn in self._conns:
+                for name in ("upstream", "downstream"):
+                    conn.held[name] = False
+                    conn.released[name].set()
+
+        self._call(apply())
+
     def close(self) -> None:
         """Stop listening, abort all connections and stop the proxy thread. Idempotent."""
         if self._closed:
@@ -300,12 +382,12 @@ class FaultProxy:
         conn = _Connection(client_writer, upstream_writer)
         self._conns.add(conn)
         conn.tasks = [
-            asyncio.ensure_future(self._pump(client_reader, upstream_writer, "upstream")),
-            asyncio.ensure_future(self._pump(upstream_reader, client_writer, "downstream")),
+            asyncio.ensure_future(self._pump(client_reader, upstream_writer, "upstream", conn)),
+            asyncio.ensure_future(self._pump(upstream_reader, client_writer, "downstream", conn)),
         ]
         try:
             for next_done in asyncio.as_completed(conn.tasks):
-                if await next_done == "reset":
+                if await next_done == "reset" and not conn.severed:
                     conn.abort()  # one side broke: break the other side too
                     break
         except asyncio.CancelledError:
@@ -317,7 +399,11 @@ class FaultProxy:
                 upstream_writer.close()
 
     async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        direction: str,
+        conn: _Connection,
     ) -> str:
         """Move bytes one way, applying delay and blackhole at delivery time.
 
@@ -343,11 +429,16 @@ class FaultProxy:
                 wait = due - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                if conn.held[direction]:
+                    # hold(): this connection's bytes (and its end) wait for release().
+                    self._held_bytes += len(data or b"")
+                    await conn.released[direction].wait()
+                    self._held_bytes -= len(data or b"")
                 if not data:
                     # A partition swallows FIN and RST too: pass the end on once healed.
                     await self._healed[direction].wait()
-                    if data is None:
-                        return "reset"
+                    if data is None and not (conn.severed and direction == "upstream"):
+                        return "reset"  # a severed client's bytes end with a clean FIN
                     with contextlib.suppress(OSError, RuntimeError):
                         if writer.can_write_eof():
                             writer.write_eof()
@@ -356,6 +447,8 @@ class FaultProxy:
                     await self._healed[direction].wait()
                 if self._blackholed[direction]:
                     continue  # dropped on the floor
+                if conn.severed and direction == "downstream":
+                    continue  # the client is gone: answers go nowhere
                 writer.write(data)
                 try:
                     await writer.drain()
