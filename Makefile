@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run demo test test-integration test-etcd34 test-protobuf5 lint sync bench chaos clean
+.PHONY: install run demo test test-integration test-etcd34 test-docker test-protobuf5 lint sync bench chaos clean
 
 install: $(STAMP)
 
@@ -31,6 +31,15 @@ test-integration: install
 ## The integration suite against Debian's etcd 3.4 (apt-get install etcd-server).
 test-etcd34: install
 	ETCDFENCE_ETCD_BIN=/usr/bin/etcd $(BIN)/python -m pytest -q -m "(integration or cluster) and not chaos"
+
+## The integration suite against a 3-member etcd cluster in Docker (compose/, pytest-docker).
+## tools/docker_etcd.sh installs/starts the engine when needed (stops it again if it started
+## it) and builds a local image when the pinned one is missing; it never pulls.
+## test_testing_support.py tests the local-process helpers and stays in `make test`.
+DOCKER_TESTS ?= -m "(integration or cluster or docker) and not chaos" --ignore=tests/test_testing_support.py
+test-docker: install
+	PYTHON=$(BIN)/python tools/docker_etcd.sh run \
+	  env ETCDFENCE_TEST_DOCKER=1 $(BIN)/python -m pytest -q $(DOCKER_TESTS)
 
 ## The wire layer and client under the oldest supported protobuf major (5.27).
 test-protobuf5: install
