@@ -22,6 +22,34 @@ otherwise, where the driver lets us tell), and do not commit or roll back inside
 ``guarded`` block. Works with the connection in autocommit mode or not. One
 connection serves one thread at a time, as DB-API connections do.
 
+Within a term (issue #17): the mark is ``(token, epoch)``, compared
+lexicographically. Each :class:`SQLFence` keeps, per ``(resource, token)``, the epoch
+its writes carry; a COMMIT whose outcome is unknown moves it to the next epoch before
+the error is raised (:class:`~etcdfence.errors.OutcomeUnknown`), and
+:meth:`SQLFence.fence_off` advances the mark past every earlier attempt. A writer
+refused with its own token and a higher epoch adopts that epoch and re-checks (the
+refusal proves its attempt did not apply); only a lower token is stale.
+
+Can SQL reorder writes within a term at all? Not through :meth:`SQLFence.guarded`,
+and the epoch is belt and braces there. The block's first statement is the upsert on
+the mark row, which takes that row's lock until COMMIT or ROLLBACK, and the client
+waits for every answer before it sends the next statement. So (a) a transaction held
+in the network *before* its COMMIT was sent can never commit: when its client gives
+up, nothing but a ROLLBACK or an end of stream follows its bytes; and (b) once a
+COMMIT is in flight, the transaction holds the mark's row lock on the server, so every
+later guarded write of the resource (and :meth:`~SQLFence.fence_off`) waits until it
+lands or its session dies. A later write is never acknowledged before an earlier
+one's COMMIT has been resolved. ``tests/test_sql_ordering.py`` shows both with a COMMIT
+and a check held by a proxy, against PostgreSQL and MariaDB. The epoch does matter
+for a write that carries its check *and* its commit in one request (the etcd shape,
+e.g. a one-statement ``INSERT ... SELECT ... WHERE (token, epoch) <= ...`` in
+autocommit): held in the network, a token-only check lets it land after the newer
+write; the epoch check rejects it (tested as the control). Caveats: the lock orders
+only writes that go through the fence, and a lock wait can be long: a held COMMIT
+stalls the resource until the server's session ends it (TCP keepalive,
+``idle_in_transaction_session_timeout``) or the bytes arrive; a lock timeout turns
+the wait into an error.
+
 sqlite3 with ``autocommit=False`` (Python 3.12+) always has a transaction open, so
 there SQLFence cannot tell your pending work from its own and uses (and commits)
 that transaction: commit first. A MySQL server reports open transactions only once
@@ -48,7 +76,7 @@ from .errors import (
     OutcomeUnknown,
     StaleTokenError,
 )
-from .token import FencingToken, coerce_token
+from .token import MAX_TOKEN, FencingToken, coerce_token
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -69,7 +97,12 @@ DEFAULT_TABLE = "etcdfence_fences"
 #: (SQLite would store them, MySQL and PostgreSQL would not).
 MAX_RESOURCE_LENGTH = 255
 # The token column is a signed BIGINT, like etcd's int64 revisions.
-_MAX_TOKEN = 2**63 - 1
+_MAX_TOKEN = MAX_TOKEN
+# How often a writer adopts a higher epoch of its own term and re-checks before it
+# gives up (each adoption proves another writer of the term fenced off; see guarded).
+_ADOPT_ATTEMPTS = 8
+# Seconds the fence-off attempt after an unknown outcome waits for the mark's row lock.
+_QUICK_FENCE_OFF_SECONDS = 2
 # Attempts for the check step when the database reports a deadlock or a
 # serialization failure (only before the caller's block has run).
 _CHECK_ATTEMPTS = 8
@@ -136,27 +169,27 @@ class SQLFence:
 
     How each dialect checks and advances the mark atomically:
 
-    * **PostgreSQL** (any isolation level): one statement, ``INSERT ... ON CONFLICT
-      (resource) DO UPDATE SET token = excluded.token WHERE f.token <=
-      excluded.token``. The upsert locks the conflicting row and evaluates the
-      ``WHERE`` on its newest committed version (a concurrent writer makes it wait
-      for that writer's commit), so the comparison cannot interleave with another
-      writer. One row affected means accepted; zero means stale, and a follow-up
-      ``SELECT`` in the same transaction, still holding the row lock, reads the
-      mark for the error. Under REPEATABLE READ / SERIALIZABLE a concurrent update
-      surfaces as a serialization failure instead; the check step is retried in a
-      fresh transaction (the caller's block has not run yet).
+    * **PostgreSQL** (any isolation level): one statement, ``INSERT ... ON CONFLICT (resource) DO
+      UPDATE SET token = excluded.token, epoch = excluded.epoch WHERE (f.token, f.epoch) <=
+      (excluded.token, excluded.epoch)``. The upsert locks the conflicting row and evaluates the
+      ``WHERE`` on its newest committed version (a concurrent writer makes it wait for that writer's
+      commit), so the comparison cannot interleave with another writer. One row affected means
+      accepted; zero means stale, and a follow-up ``SELECT`` in the same transaction, still holding
+      the row lock, reads the mark for the error. Under REPEATABLE READ / SERIALIZABLE a concurrent
+      update surfaces as a serialization failure instead; the check step is retried in a fresh
+      transaction (the caller's block has not run yet).
     * **SQLite**: the same conditional upsert inside ``BEGIN IMMEDIATE``, which
       takes the database write lock before anything is read, so concurrent writers
       (threads or processes) serialize on the lock (waiting up to the connection's
       ``timeout``) instead of failing with a stale snapshot. Needs SQLite >= 3.24.
-    * **MySQL / MariaDB** (InnoDB): ``INSERT ... ON DUPLICATE KEY UPDATE token =
-      GREATEST(token, %s)`` followed by ``SELECT token ... FOR UPDATE``. The upsert
+    * **MySQL / MariaDB** (InnoDB): ``INSERT ... ON DUPLICATE KEY UPDATE epoch =
+      IF((token, epoch) <= (%s, %s), ...), token = IF(...)`` (the lexicographic
+      ``max(mark, (token, epoch))``) followed by ``SELECT token, epoch ... FOR UPDATE``. The upsert
       creates the row or takes an exclusive lock on the existing one (avoiding the
       gap-lock deadlock of a ``SELECT ... FOR UPDATE`` on a missing row) and moves
-      the mark to ``max(mark, token)``; the locking read then returns the newest
-      committed value, not a snapshot. The write is accepted exactly when that
-      value equals the token. This avoids affected-row counts, which for ``ON
+      the mark to ``max(mark, (token, epoch))``; the locking read then returns the
+      newest committed value, not a snapshot. The write is accepted exactly when
+      that value equals ``(token, epoch)``. This avoids affected-row counts, which for ``ON
       DUPLICATE KEY UPDATE`` depend on ``CLIENT_FOUND_ROWS`` and report 0 for an
       update to an equal value. A deadlock (1213) is retried like above.
 
@@ -210,6 +243,10 @@ class SQLFence:
         self._sql = _Statements(self._dialect, table, p)
         self._lock = threading.RLock()
         self._busy = False
+        # resource -> {token: epoch this writer knows}; only epochs > 0 are stored, and
+        # only for the highest token seen per resource (lower ones are stale anyway).
+        self._epochs: dict[str, dict[int, int]] = {}
+        self._epochs_lock = threading.Lock()
 
     # -- properties ---------------------------------------------------------
 
@@ -234,28 +271,36 @@ class SQLFence:
     # -- public operations ---------------------------------------------------
 
     def ensure_schema(self) -> None:
-        """Create the fences table if it does not exist, and commit.
+        """Create the fences table if it does not exist (or add the ``epoch`` column to
+        a table made by etcdfence 0.1), and commit.
 
         Idempotent and safe to run from several processes at once; existing marks
-        are kept. Run it at deploy time or start-up, before the first guarded write.
-        On MySQL the DDL commits implicitly, as all MySQL DDL does.
+        are kept (a 0.1 mark reads as epoch 0). Run it at deploy time or start-up,
+        before the first guarded write, and once after upgrading from 0.1. On MySQL
+        the DDL commits implicitly, as all MySQL DDL does.
         """
         with self._exclusive():
             cur = self._conn.cursor()
             try:
-                kind = self._begin(cur, write=True)
-                try:
-                    cur.execute(self._sql.create)
-                    self._end(cur, kind, commit=True)
-                except Exception:
-                    self._rollback_quietly(cur, kind)
-                    # Two processes racing CREATE TABLE IF NOT EXISTS can collide in
-                    # PostgreSQL's catalog; the table existing afterwards is success.
-                    if self._table_exists(cur):
-                        return
-                    raise
+                self._ddl(cur, self._sql.create, self._sql.probe)
+                if not self._probe(cur, self._sql.probe_epoch):
+                    self._ddl(cur, self._sql.add_epoch, self._sql.probe_epoch)
             finally:
                 _close(cur)
+
+    def _ddl(self, cur: Any, statement: str, probe: str) -> None:
+        """Run one idempotent schema change in a transaction of its own."""
+        kind = self._begin(cur, write=True)
+        try:
+            cur.execute(statement)
+            self._end(cur, kind, commit=True)
+        except Exception:
+            self._rollback_quietly(cur, kind)
+            # Two processes racing the same DDL can collide (PostgreSQL's catalog,
+            # a duplicate column); the change being there afterwards is success.
+            if self._probe(cur, probe):
+                return
+            raise
 
     def current(self, resource: str) -> int:
         """The resource's high-water mark: the highest token it accepted, 0 if none.
@@ -264,6 +309,14 @@ class SQLFence:
         decide whether to write (that is :meth:`guarded`'s job, atomically). Called
         inside your own open transaction it reads there and leaves the transaction
         open; otherwise it runs in a short transaction of its own.
+        """
+        return self.current_mark(resource)[0]
+
+    def current_mark(self, resource: str) -> tuple[int, int]:
+        """The resource's full mark ``(token, epoch)``, ``(0, 0)`` if none.
+
+        Use it after :meth:`fence_off` to see how far a term's writers have been
+        fenced, or in tests; the token part is what :meth:`current` returns.
         """
         resource = _validate_resource(resource)
         with self._exclusive():
@@ -279,7 +332,32 @@ class SQLFence:
                     raise
             finally:
                 _close(cur)
-        return 0 if row is None else int(row[0])
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+    def epoch(self, resource: str, token: FencingToken | int) -> int:
+        """The epoch this fence's writes with ``token`` carry next (0 until an unknown
+        outcome or a fence-off moved the term on). Mostly for tests and diagnostics."""
+        return self._epoch(_validate_resource(resource), _validate_token(token))
+
+    def fence_off(self, resource: str, token: FencingToken | int) -> tuple[int, int]:
+        """Make sure no earlier attempt of this writer's term can still apply.
+
+        Use it after :class:`~etcdfence.errors.OutcomeUnknown` with ``fenced_off``
+        False: it advances the mark to ``(token, known epoch + 1)`` and returns the
+        mark ``(token, epoch)`` only once that is committed. From then on every
+        earlier guarded attempt with ``token`` is rejected wherever it lands, so a
+        re-read is final: fence off, re-read, then decide whether to write again.
+        On SQL it waits for the mark's row lock, i.e. until a transaction still in
+        flight on the server has committed or rolled back (see the module notes).
+
+        Raises :class:`StaleTokenError` when a higher token holds the mark (then no
+        attempt of this term can apply either) and ``OutcomeUnknown`` when its own
+        commit got no answer (call it again).
+        """
+        value = _validate_token(token)
+        resource = _validate_resource(resource)
+        with self._exclusive():
+            return self._fence_off(resource, value, quick=False)
 
     def advance(self, resource: str, token: FencingToken | int) -> None:
         """Raise the resource's mark to ``token`` without writing anything else.
@@ -337,18 +415,7 @@ class SQLFence:
             ctl = self._conn.cursor()  # ours: BEGIN, the check, COMMIT / ROLLBACK
             user: _GuardedCursor | None = None
             try:
-                kind, mark = self._check(ctl, resource, value)
-                if mark < value:  # cannot happen: the upsert leaves max(mark, token)
-                    self._rollback_quietly(ctl, kind)
-                    raise EtcdfenceError(
-                        f"fence check for {resource!r} read mark {mark} below token {value}"
-                    )
-                if mark > value:
-                    self._rollback_quietly(ctl, kind)
-                    metrics.fence_rejected(
-                        resource, value, mark, time.perf_counter() - started, self._backend
-                    )
-                    raise StaleTokenError(resource, value, mark)
+                kind, epoch = self._check_writer(ctl, resource, value, started)
                 user = _GuardedCursor(self._conn.cursor(), self._txn_state)
                 try:
                     yield user
@@ -356,14 +423,46 @@ class SQLFence:
                     self._rollback_quietly(ctl, kind)
                     raise
                 user._closed_by_fence = True
-                self._finish(ctl, kind, user, resource, value)
+                self._finish(ctl, kind, user, resource, value, epoch)
             finally:
                 if user is not None:
                     _close(user._cursor)
                 _close(ctl)
             metrics.fence_accepted(resource, value, time.perf_counter() - started, self._backend)
 
-    def _finish(self, ctl: Any, kind: int, user: _GuardedCursor, resource: str, token: int) -> None:
+    def _check_writer(
+        self, ctl: Any, resource: str, token: int, started: float, *, quick: bool = False
+    ) -> tuple[int, int]:
+        """Open the transaction and pass the check with this writer's epoch; return how
+        the transaction was opened and the epoch the mark now holds. Raises
+        :class:`StaleTokenError` (rolled back) for a lower token."""
+        epoch = self._epoch(resource, token)
+        kind, mark = self._check(ctl, resource, token, epoch, quick=quick)
+        for _ in range(_ADOPT_ATTEMPTS):
+            if mark == (token, epoch):
+                return kind, epoch
+            if mark[0] > token:
+                self._rollback_quietly(ctl, kind)
+                metrics.fence_rejected(
+                    resource, token, mark[0], time.perf_counter() - started, self._backend
+                )
+                raise StaleTokenError(resource, token, mark[0])
+            if mark[0] < token or mark[1] < epoch:  # the upsert leaves max(mark, ours)
+                self._rollback_quietly(ctl, kind)
+                raise EtcdfenceError(
+                    f"fence check for {resource!r} read mark {mark} below {(token, epoch)}"
+                )
+            # Same term, higher epoch: a writer of this term fenced off. The rejection
+            # proves no attempt of ours at ``epoch`` applied; adopt and re-check (we
+            # hold the mark's row lock, so the mark cannot move meanwhile).
+            epoch = self._adopt(resource, token, mark[1])
+            mark = self._check_and_advance(ctl, resource, token, epoch)
+        self._rollback_quietly(ctl, kind)
+        raise EtcdfenceError(f"fence check for {resource!r} did not settle on an epoch")
+
+    def _finish(
+        self, ctl: Any, kind: int, user: _GuardedCursor, resource: str, token: int, epoch: int
+    ) -> None:
         """Commit the block's transaction, or refuse to when it cannot commit whole."""
         if user._ended is not None:
             # Ended inside the block: what ran before the end may be committed.
@@ -371,6 +470,7 @@ class SQLFence:
             raise self._outcome_unknown(
                 resource,
                 token,
+                epoch,
                 f"the transaction was ended inside the guarded block for {resource!r} "
                 f"({user._ended}); what ran before that may have been committed",
             )
@@ -386,6 +486,7 @@ class SQLFence:
             raise self._outcome_unknown(
                 resource,
                 token,
+                epoch,
                 f"the transaction was ended inside the guarded block for {resource!r}; "
                 "what ran in it may have been committed",
             )
@@ -396,12 +497,17 @@ class SQLFence:
                 # e.g. a serialization failure at COMMIT: nothing was committed.
                 self._rollback_quietly(ctl, kind)
                 raise
+            # The COMMIT may have reached the server: move this writer to the next
+            # epoch before anything else can happen, so the attempt can never apply
+            # after a later write of ours (see the module notes).
+            self._adopt(resource, token, epoch + 1)
             self._rollback_quietly(ctl, kind)
             if not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt, SystemExit: never swallowed
             raise self._outcome_unknown(
                 resource,
                 token,
+                epoch,
                 f"COMMIT of the guarded block for {resource!r} failed without an answer "
                 f"({exc!r}): it may or may not have been committed",
             ) from exc
@@ -414,63 +520,179 @@ class SQLFence:
                     "COMMIT; nothing was committed and the mark did not move"
                 )
 
-    def _outcome_unknown(self, resource: str, token: int, message: str) -> OutcomeUnknown:
+    def _outcome_unknown(
+        self, resource: str, token: int, epoch: int, message: str
+    ) -> OutcomeUnknown:
+        """Move the writer past ``epoch``, try once to fence the attempt off, and build
+        the error (``epoch`` is the lost attempt's)."""
+        self._adopt(resource, token, epoch + 1)
+        fenced_off = False
+        if _usable(self._dialect, self._conn):
+            try:
+                self._fence_off(resource, token, quick=True, bump=False)
+                fenced_off = True
+            except StaleTokenError:
+                fenced_off = True  # a newer term holds the mark: the attempt is dead too
+            except Exception as exc:
+                metrics.log.warning(
+                    "etcdfence.sql_fence_off_failed",
+                    resource=resource,
+                    token=token,
+                    error=repr(exc),
+                )
+        hint = "it cannot apply any more" if fenced_off else "call fence_off() before re-reading"
         return OutcomeUnknown(
-            message + "; re-read before deciding, never simply resend",
+            f"{message}; {hint}, and never simply resend",
             resource=resource,
             token=token,
-            epoch=0,
-            fenced_off=False,
+            epoch=epoch,
+            fenced_off=fenced_off,
         )
+
+    def _fence_off(
+        self, resource: str, token: int, *, quick: bool, bump: bool = True
+    ) -> tuple[int, int]:
+        """Advance the mark to ``(token, known epoch + 1)`` (``bump=False``: to the
+        known epoch, already moved past a lost attempt) and commit; return the mark.
+        ``quick`` bounds the wait for the mark's row lock (used right after a failure)."""
+        epoch = self._epoch(resource, token)
+        if bump:
+            epoch = self._adopt(resource, token, epoch + 1)
+        ctl = self._conn.cursor()
+        try:
+            kind = _NONE
+            try:
+                kind, epoch = self._check_writer(
+                    ctl, resource, token, time.perf_counter(), quick=quick
+                )
+                self._end(ctl, kind, commit=True)
+            except StaleTokenError:
+                raise
+            except BaseException as exc:
+                if _not_committed(self._dialect, self._conn, exc) or kind == _NONE:
+                    self._rollback_quietly(ctl, kind)
+                    raise
+                self._adopt(resource, token, epoch + 1)
+                self._rollback_quietly(ctl, kind)
+                if not isinstance(exc, Exception):
+                    raise
+                raise OutcomeUnknown(
+                    f"COMMIT of the fence-off of {resource!r} at {(token, epoch)} got no "
+                    f"answer ({exc!r}); call fence_off() again",
+                    resource=resource,
+                    token=token,
+                    epoch=epoch,
+                    fenced_off=False,
+                ) from exc
+        finally:
+            _close(ctl)
+        return token, epoch
+
+    # -- epochs ------------------------------------------------------------------------
+
+    def _epoch(self, resource: str, token: int) -> int:
+        with self._epochs_lock:
+            return self._epochs.get(resource, {}).get(token, 0)
+
+    def _adopt(self, resource: str, token: int, epoch: int) -> int:
+        """Raise the writer's epoch for ``(resource, token)`` to at least ``epoch``;
+        return the epoch now known."""
+        with self._epochs_lock:
+            known = self._epochs.setdefault(resource, {})
+            if any(t > token for t in known):
+                return max(known.get(token, 0), epoch)  # a stale term: keep no state
+            for t in [t for t in known if t < token]:
+                del known[t]
+            known[token] = max(known.get(token, 0), epoch)
+            return known[token]
 
     def _txn_state(self) -> int:
         """What the driver says about the connection's transaction, without a round trip."""
-        return _txn_state(self._dialect, self._conn)
+        try:
+            return _txn_state(self._dialect, self._conn)
+        except Exception:  # e.g. sqlite3 on a closed connection
+            return _TXN_UNKNOWN
 
     # -- the check ---------------------------------------------------------------
 
-    def _check(self, cur: Any, resource: str, token: int) -> tuple[int, int]:
+    def _check(
+        self, cur: Any, resource: str, token: int, epoch: int, *, quick: bool = False
+    ) -> tuple[int, tuple[int, int]]:
         """Open the transaction and run the check-and-advance; returns how the
-        transaction was opened and the mark after the check (== token iff accepted).
+        transaction was opened and the mark after the check (== ``(token, epoch)``
+        iff accepted).
 
         Deadlocks and serialization failures are retried in a fresh transaction: the
-        caller's block has not run yet, so nothing of theirs is lost.
+        caller's block has not run yet, so nothing of theirs is lost. ``quick`` waits
+        at most a couple of seconds for the mark's row lock.
         """
         attempt = 0
-        while True:
-            attempt += 1
-            kind = self._begin(cur, write=True)
-            try:
-                return kind, self._check_and_advance(cur, resource, token)
-            except BaseException as exc:
-                self._rollback_quietly(cur, kind)
-                if attempt >= _CHECK_ATTEMPTS or not _is_transient(self._dialect, exc):
-                    raise
-            time.sleep(random.uniform(0, min(0.1, 0.002 * 2**attempt)))
+        with self._lock_wait(cur, quick):
+            while True:
+                attempt += 1
+                kind = self._begin(cur, write=True)
+                try:
+                    if quick and self._dialect == "postgresql":
+                        cur.execute(f"SET LOCAL lock_timeout = '{_QUICK_FENCE_OFF_SECONDS}s'")
+                    return kind, self._check_and_advance(cur, resource, token, epoch)
+                except BaseException as exc:
+                    self._rollback_quietly(cur, kind)
+                    if attempt >= _CHECK_ATTEMPTS or not _is_transient(self._dialect, exc):
+                        raise
+                time.sleep(random.uniform(0, min(0.1, 0.002 * 2**attempt)))
 
-    def _check_and_advance(self, cur: Any, resource: str, token: int) -> int:
-        """Advance the mark to ``max(mark, token)`` under a row lock held until the
-        transaction ends; return the mark afterwards (equal to ``token`` exactly when
-        the write is accepted)."""
+    @contextmanager
+    def _lock_wait(self, cur: Any, quick: bool) -> Iterator[None]:
+        """Bound the wait for a row (MySQL) or database (SQLite) lock while ``quick``;
+        PostgreSQL uses ``SET LOCAL`` inside the transaction instead."""
+        if not quick or self._dialect == "postgresql":
+            yield
+            return
+        if self._dialect == "mysql":
+            cur.execute(
+                "SET @etcdfence_lock_wait = @@SESSION.innodb_lock_wait_timeout,"
+                f" SESSION innodb_lock_wait_timeout = {_QUICK_FENCE_OFF_SECONDS}"
+            )
+            restore = "SET SESSION innodb_lock_wait_timeout = @etcdfence_lock_wait"
+        else:
+            cur.execute("PRAGMA busy_timeout")
+            restore = f"PRAGMA busy_timeout = {int(cur.fetchone()[0])}"
+            cur.execute(f"PRAGMA busy_timeout = {_QUICK_FENCE_OFF_SECONDS * 1000}")
+        try:
+            yield
+        finally:
+            with suppress(Exception):
+                cur.execute(restore)
+
+    def _check_and_advance(
+        self, cur: Any, resource: str, token: int, epoch: int
+    ) -> tuple[int, int]:
+        """Advance the mark to ``max(mark, (token, epoch))`` under a row lock held
+        until the transaction ends; return the mark afterwards (equal to ``(token,
+        epoch)`` exactly when the write is accepted)."""
         sql = self._sql
         if self._dialect == "mysql":
-            cur.execute(sql.advance, (resource, token, token))
+            cur.execute(
+                sql.advance,
+                (resource, token, epoch, token, epoch, epoch, token, epoch, token),
+            )
             cur.execute(sql.select_for_update, (resource,))
         else:
-            cur.execute(sql.advance, (resource, token))
+            cur.execute(sql.advance, (resource, token, epoch))
             if cur.rowcount == 1:
-                return token
+                return token, epoch
             cur.execute(sql.select, (resource,))
         row = cur.fetchone()
         if row is None:  # cannot happen: the upsert created or locked the row
             raise EtcdfenceError(f"fence row for {resource!r} missing after upsert")
-        return int(row[0])
+        return int(row[0]), int(row[1])
 
-    def _table_exists(self, cur: Any) -> bool:
+    def _probe(self, cur: Any, statement: str) -> bool:
+        """Whether ``statement`` (a ``WHERE 1 = 0`` select) runs: table/column exists."""
         kind = _NONE
         try:
             kind = self._begin(cur, write=False)
-            cur.execute(self._sql.probe)
+            cur.execute(statement)
             cur.fetchall()
             self._end(cur, kind, commit=True)
         except Exception:
@@ -550,6 +772,8 @@ class SQLFence:
 
     def _rollback_quietly(self, cur: Any, kind: int) -> None:
         """Roll back while another exception is on its way; never mask it."""
+        if kind != _NONE and self._txn_state() == _TXN_NONE:
+            return  # already ended (the server rolled back, or the block ended it)
         try:
             if kind == _EXPLICIT:
                 # A failed statement may already have ended the transaction (MySQL
@@ -661,9 +885,12 @@ class _Statements:
     def __init__(self, dialect: Dialect, table: str, p: str) -> None:
         q = '"' if dialect != "mysql" else "`"
         t = ".".join(f"{q}{part}{q}" for part in table.split("."))
-        self.select = f"SELECT token FROM {t} WHERE resource = {p}"
+        self.select = f"SELECT token, epoch FROM {t} WHERE resource = {p}"
         self.select_for_update = self.select + " FOR UPDATE"
         self.probe = f"SELECT resource FROM {t} WHERE 1 = 0"
+        self.probe_epoch = f"SELECT epoch FROM {t} WHERE 1 = 0"
+        # 0.1 tables have no epoch column; existing marks read as epoch 0.
+        self.add_epoch = f"ALTER TABLE {t} ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0"
         if dialect == "mysql":
             # utf8mb4_bin: resource names compare byte for byte, as in etcd (the
             # default collation would make 'Orders' and 'orders' one fence).
@@ -671,13 +898,21 @@ class _Statements:
                 f"CREATE TABLE IF NOT EXISTS {t} ("
                 "resource VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,"
                 " token BIGINT NOT NULL,"
+                " epoch BIGINT NOT NULL DEFAULT 0,"
                 " updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
                 " PRIMARY KEY (resource)"
                 ") ENGINE=InnoDB"
             )
+            # mark := max(mark, (token, epoch)). Assignments run left to right and see
+            # earlier ones: epoch first, then token under the same condition, which
+            # (after epoch moved) reduces to token <= new token, true exactly when the
+            # first one was. Params: resource, T, E, T, E, E, T, E, T.
             self.advance = (
-                f"INSERT INTO {t} (resource, token, updated_at) VALUES ({p}, {p}, UTC_TIMESTAMP(6))"
-                f" ON DUPLICATE KEY UPDATE token = GREATEST(token, {p}),"
+                f"INSERT INTO {t} (resource, token, epoch, updated_at)"
+                f" VALUES ({p}, {p}, {p}, UTC_TIMESTAMP(6))"
+                f" ON DUPLICATE KEY UPDATE"
+                f" epoch = IF((token, epoch) <= ({p}, {p}), {p}, epoch),"
+                f" token = IF((token, epoch) <= ({p}, {p}), {p}, token),"
                 " updated_at = UTC_TIMESTAMP(6)"
             )
             return
@@ -689,13 +924,17 @@ class _Statements:
             f"CREATE TABLE IF NOT EXISTS {t} ("
             "resource VARCHAR(255) NOT NULL PRIMARY KEY,"
             " token BIGINT NOT NULL,"
+            " epoch BIGINT NOT NULL DEFAULT 0,"
             f" updated_at {ts_type} NOT NULL DEFAULT {now})"
         )
+        # Row-value comparison: lexicographic (token, epoch) order (SQLite >= 3.15).
         self.advance = (
-            f"INSERT INTO {t} AS f (resource, token, updated_at) VALUES ({p}, {p}, {now})"
+            f"INSERT INTO {t} AS f (resource, token, epoch, updated_at)"
+            f" VALUES ({p}, {p}, {p}, {now})"
             " ON CONFLICT (resource) DO UPDATE"
-            " SET token = excluded.token, updated_at = excluded.updated_at"
-            " WHERE f.token <= excluded.token"
+            " SET token = excluded.token, epoch = excluded.epoch,"
+            " updated_at = excluded.updated_at"
+            " WHERE (f.token, f.epoch) <= (excluded.token, excluded.epoch)"
         )
 
 
@@ -833,6 +1072,22 @@ def _not_committed(dialect: Dialect, conn: Any, exc: BaseException) -> bool:
     if isinstance(code, int):
         return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _usable(dialect: Dialect, conn: Any) -> bool:
+    """Whether the connection looks alive and idle (worth a quick fence-off)."""
+    if getattr(conn, "broken", False):  # psycopg 3
+        return False
+    closed = getattr(conn, "closed", False)  # psycopg: bool / int
+    if closed is True or (isinstance(closed, int) and closed != 0):
+        return False
+    is_open = getattr(conn, "open", True)  # PyMySQL
+    if is_open is False:
+        return False
+    try:
+        return _txn_state(dialect, conn) in (_TXN_NONE, _TXN_UNKNOWN)
+    except Exception:  # e.g. sqlite3 on a closed connection
+        return False
 
 
 def _close(cur: Any) -> None:

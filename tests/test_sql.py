@@ -521,7 +521,9 @@ def test_transaction_ended_inside_the_block_is_reported(db: DB) -> None:
         db.insert_log(cur, r, 5)
         fence.connection.commit()
     assert isinstance(info.value, EtcdUnavailable)
-    assert (info.value.resource, info.value.token) == (r, 5)
+    assert (info.value.resource, info.value.token, info.value.epoch) == (r, 5, 0)
+    assert info.value.fenced_off is True  # the connection lives: fenced off at once
+    assert fence.current_mark(r) == (5, 1)
     assert db.log(r) == [5]  # committed by the caller: that is why the outcome is "unknown"
     if db.dialect == "mysql":
         with pytest.raises(OutcomeUnknown, match="CREATE TABLE"), fence.guarded(r, 6) as cur:
@@ -738,8 +740,10 @@ def test_without_the_check_the_zombie_write_lands(db: DB, monkeypatch: pytest.Mo
     assert refused == ["token 5"]
     assert violations == []
 
-    def fencing_disabled(self: SQLFence, cur: Any, resource: str, token: int) -> int:
-        return token  # "accept everything": what a fence without the check amounts to
+    def fencing_disabled(
+        self: SQLFence, cur: Any, resource: str, token: int, epoch: int
+    ) -> tuple[int, int]:
+        return token, epoch  # "accept everything": what a fence without the check amounts to
 
     monkeypatch.setattr(SQLFence, "_check_and_advance", fencing_disabled)
     refused, violations = _zombie_scenario(db)
