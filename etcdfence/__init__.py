@@ -29,6 +29,7 @@ from ._sync.watch import Watch
 from ._txn import Delete, Put
 from .errors import (
     AcquireTimeout,
+    AlreadyHeld,
     AuthError,
     CompactedError,
     EtcdfenceError,
@@ -40,6 +41,7 @@ from .errors import (
     LeaseNotFound,
     NotLeader,
     NotOwnerError,
+    OutcomeUnknown,
     SessionExpired,
     StaleTokenError,
     TLSError,
@@ -51,6 +53,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeout",
+    "AlreadyHeld",
     "AsyncClient",
     "AsyncElection",
     "AsyncFenceGuard",
@@ -78,6 +81,7 @@ __all__ = [
     "Lock",
     "NotLeader",
     "NotOwnerError",
+    "OutcomeUnknown",
     "Put",
     "Session",
     "SessionExpired",

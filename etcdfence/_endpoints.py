@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
+import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -85,3 +87,28 @@ def parse_endpoints(endpoints: object) -> list[Endpoint]:
     if len({e.tls for e in parsed}) > 1:
         raise InvalidArgument("endpoints mix http and https; use one scheme for all")
     return parsed
+
+
+def speaks_tls(endpoint: Endpoint, timeout: float = 1.0) -> bool:
+    """Whether ``endpoint`` answers a TLS handshake (blocking; a short probe).
+
+    Used only to explain a failure: a plaintext (``http://``) client against a TLS
+    etcd sees nothing but "socket closed", which looks like an unreachable server and
+    would otherwise be retried for the whole timeout. Any TLS reply — a finished
+    handshake or a TLS alert (etcd demanding a client certificate) — counts.
+    """
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        address = (endpoint.host, endpoint.port)
+        with (
+            socket.create_connection(address, timeout=timeout) as raw,
+            context.wrap_socket(raw, server_hostname=endpoint.host) as tls,
+        ):
+            tls.do_handshake()
+        return True
+    except ssl.SSLError as err:
+        return "alert" in str(err).lower()
+    except OSError:
+        return False

@@ -7,6 +7,8 @@ the owner is the key under ``name/`` with the lowest create revision.
 
 from __future__ import annotations
 
+import math
+
 from .errors import InvalidArgument, InvalidType
 
 #: Width of the decimal high-water mark stored by FenceGuard. 20 digits hold any
@@ -33,7 +35,22 @@ def validate_name(name: object, what: str = "name") -> str:
         raise InvalidArgument(f"{what} must not end with '/': {name!r}")
     if "\x00" in name:
         raise InvalidArgument(f"{what} must not contain NUL: {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} is not valid UTF-8 text: {name!r}") from None
     return name
+
+
+def validate_timeout(timeout: object, what: str = "timeout") -> float | None:
+    """Check a wait's ``timeout``: ``None`` (wait forever) or a finite number >= 0."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidType(f"{what} must be None or a number of seconds, got {timeout!r}")
+    if not math.isfinite(timeout) or timeout < 0:
+        raise InvalidArgument(f"{what} must be None or a finite number >= 0, got {timeout!r}")
+    return float(timeout)
 
 
 def to_bytes(data: object, what: str = "key") -> bytes:
@@ -83,16 +100,38 @@ def fence_key(prefix: str, resource: str) -> bytes:
     return (prefix + resource).encode("utf-8")
 
 
-def encode_mark(value: int) -> bytes:
-    """A mark as stored in etcd: a 20-digit zero-padded decimal."""
+#: Width of the epoch suffix of a mark (``<token>:<epoch>``).
+EPOCH_WIDTH = 10
+MAX_EPOCH = 10**EPOCH_WIDTH - 1
+
+
+def encode_mark(value: int, epoch: int = 0) -> bytes:
+    """A mark as stored in etcd: the token as a 20-digit zero-padded decimal, then,
+    for epoch > 0, ``:`` and the epoch as a 10-digit decimal.
+
+    Byte order equals (token, epoch) order, which is how etcd compares values: the
+    token part has a fixed width, and a mark without the suffix (epoch 0, and every
+    mark written by 0.1) sorts before the same token with any suffix.
+    """
     if value < 0 or value >= 10**MARK_WIDTH:
         raise InvalidArgument(f"mark out of range: {value}")
-    return str(value).zfill(MARK_WIDTH).encode("ascii")
+    if epoch < 0 or epoch > MAX_EPOCH:
+        raise InvalidArgument(f"epoch out of range: {epoch}")
+    text = str(value).zfill(MARK_WIDTH)
+    if epoch:
+        text += ":" + str(epoch).zfill(EPOCH_WIDTH)
+    return text.encode("ascii")
+
+
+def decode_mark_epoch(raw: bytes) -> tuple[int, int]:
+    """Parse a stored mark into ``(token, epoch)``; unparseable is an error, never 0."""
+    text = raw.decode("ascii", "replace").strip()
+    token, sep, epoch = text.partition(":")
+    if not token.isdigit() or (sep and not (epoch.isdigit() and len(epoch) == EPOCH_WIDTH)):
+        raise InvalidArgument(f"fence mark is not <token>[:<epoch>] in decimal: {raw!r}")
+    return int(token), int(epoch) if sep else 0
 
 
 def decode_mark(raw: bytes) -> int:
-    """Parse a stored mark; an unparseable value is an error, never silently 0."""
-    text = raw.decode("ascii", "replace").strip()
-    if not text.isdigit():
-        raise InvalidArgument(f"fence mark is not a decimal number: {raw!r}")
-    return int(text)
+    """The token part of a stored mark (see :func:`decode_mark_epoch`)."""
+    return decode_mark_epoch(raw)[0]

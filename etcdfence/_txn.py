@@ -101,6 +101,17 @@ def acquire_txn(my_key: bytes, value: bytes, lease: int, prefix: bytes) -> Any:
     )
 
 
+def enqueued_revision(response: Any) -> int | None:
+    """Our key's create revision from an :func:`acquire_txn` response (``None`` if no
+    response arrived)."""
+    if response is None:
+        return None
+    if response.succeeded:
+        return int(response.header.revision)
+    mine = response.responses[0].response_range.kvs
+    return int(mine[0].create_revision) if mine else None
+
+
 def ownership_read(my_key: bytes, prefix: bytes) -> Any:
     """A read-only txn: my key and the first-created key, at one revision."""
     return m.TxnRequest(
@@ -137,7 +148,10 @@ def guarded_put(key: bytes, value: bytes, lease: int, create_revision: int) -> A
 def user_ops(ops: object, reserved: bytes | None = None) -> list[Any]:
     """Validate ``[Put(...), Delete(...)]`` and turn them into RequestOps.
 
-    ``reserved`` is a key the ops must not name (a guard's own mark).
+    ``reserved`` is a key prefix the ops must not touch at all — a guard passes the
+    fence prefix in use, where every resource's mark lives. Any Put of a key under
+    it, and any Delete whose key or range overlaps it, is refused: a guarded write
+    to one resource must never move (or wipe) the mark of another, or its own.
     """
     if isinstance(ops, (Put, Delete)) or not isinstance(ops, (list, tuple)):
         raise InvalidType("ops must be a list of etcdfence.Put / etcdfence.Delete")
@@ -146,13 +160,25 @@ def user_ops(ops: object, reserved: bytes | None = None) -> list[Any]:
         if not isinstance(op, (Put, Delete)):
             raise InvalidType(f"ops must be Put or Delete, got {type(op).__name__}")
         key = to_key(op.key)
-        if key == reserved:
-            raise InvalidArgument(f"ops must not touch the fence key {reserved!r}")
+        end = prefix_range_end(key) if isinstance(op, Delete) and op.prefix else key + b"\x00"
+        if reserved is not None and _overlaps(key, end, reserved, prefix_range_end(reserved)):
+            raise InvalidArgument(
+                f"ops must not touch fence marks: {key!r} is under (or its range overlaps) "
+                f"the fence prefix {reserved!r}"
+            )
         if isinstance(op, Put):
             out.append(op_put(key, to_bytes(op.value, "value"), op.lease_id))
         else:
             out.append(op_delete(key, op.prefix))
     return out
+
+
+def _overlaps(start: bytes, end: bytes, other_start: bytes, other_end: bytes) -> bool:
+    """Whether ``[start, end)`` and ``[other_start, other_end)`` share a key (an end of
+    ``b"\\x00"`` means "to the end of the keyspace", as in etcd)."""
+    before_other_end = other_end == b"\x00" or start < other_end
+    other_before_end = end == b"\x00" or other_start < end
+    return before_other_end and other_before_end
 
 
 def fence_txn(

@@ -23,6 +23,43 @@ class EtcdUnavailable(EtcdfenceError):
     """
 
 
+class OutcomeUnknown(EtcdUnavailable):
+    """A guarded write got no answer: it may have been applied, or may still apply later.
+
+    Raised by the guards instead of a plain :class:`EtcdUnavailable` (so existing
+    handlers still catch it). The guard has already moved this writer to a new
+    *epoch*, so the lost attempt can never apply after any later write of this
+    writer. ``fenced_off`` tells whether the guard also managed to raise the
+    resource's mark past the attempt's epoch already: if True, the attempt can no
+    longer apply at all and a re-read now is final; if False, call the guard's
+    ``fence_off(token)`` (which returns only once that is true), then re-read and
+    decide. Never simply resend the write.
+    """
+
+    def __init__(
+        self, message: str, *, resource: str, token: int, epoch: int, fenced_off: bool
+    ) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.token = token
+        self.epoch = epoch
+        self.fenced_off = fenced_off
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_outcome_unknown,
+            (str(self), self.resource, self.token, self.epoch, self.fenced_off),
+        )
+
+
+def _rebuild_outcome_unknown(
+    message: str, resource: str, token: int, epoch: int, fenced_off: bool
+) -> OutcomeUnknown:
+    return OutcomeUnknown(
+        message, resource=resource, token=token, epoch=epoch, fenced_off=fenced_off
+    )
+
+
 class EtcdRequestError(EtcdfenceError):
     """etcd rejected a request (too large, invalid, too many operations in a txn, ...)."""
 
@@ -60,6 +97,16 @@ class SessionExpired(EtcdfenceError):
 class AcquireTimeout(EtcdfenceError, TimeoutError):
     """``acquire`` / ``campaign`` did not win within its timeout. Nothing is left
     queued behind: the contender's key has been deleted."""
+
+
+class AlreadyHeld(EtcdfenceError, RuntimeError):
+    """``acquire``/``campaign`` on a lock or election object that is already held, or
+    being acquired, through the same session.
+
+    A session is *one* contender per name: its key is derived from the lease, so two
+    acquires of the same name through one session would silently share one holding.
+    Give each concurrent contender (thread, task) its own session.
+    """
 
 
 class NotOwnerError(EtcdfenceError):

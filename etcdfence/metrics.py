@@ -4,12 +4,11 @@ Every part of the library reports what happened through the helpers in this
 module (:func:`fence_accepted`, :func:`fence_rejected`, :func:`leader_elected`,
 :func:`leader_lost`, :func:`leader_changed`, :func:`lease_lost`). They
 
-* log namespaced structlog events (``etcdfence.fence_rejected``,
-  ``etcdfence.leader_elected``, ...) through ``structlog.get_logger("etcdfence")``.
-  The library never configures logging: route or silence the events with your own
-  ``structlog.configure(...)`` (or the stdlib ``logging`` bridge, logger name
-  ``etcdfence``). The per-write success path logs nothing, so an unconfigured
-  application is not flooded.
+* log namespaced events (``etcdfence.fence_rejected``, ``etcdfence.leader_elected``,
+  ...) through :mod:`etcdfence._log`: to structlog with their fields when the
+  application configured structlog, else to the stdlib logger ``etcdfence``. The
+  library never configures logging and never writes to stdout; an unconfigured
+  application sees warnings on stderr only. The per-write success path logs nothing.
 * update Prometheus collectors, but only after :func:`enable_metrics` was called.
   Metrics are off by default; ``prometheus_client`` comes with the ``metrics``
   extra (``pip install etcdfence[metrics]``). While metrics are off the helpers
@@ -39,7 +38,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
+from . import _log
 
 __all__ = [
     "METRIC_PREFIX",
@@ -58,8 +57,8 @@ __all__ = [
 #: Every collector name starts with this.
 METRIC_PREFIX = "etcdfence_"
 
-#: The library's logger. Other modules use it as ``from .metrics import log``.
-log = structlog.get_logger("etcdfence")
+#: The library's logger (re-exported for modules that report through metrics).
+log = _log.log
 
 # Latency buckets for one guarded write: sub-millisecond (SQLite, local etcd) up to
 # a few seconds (a transaction that waited for a row lock or a slow fsync).

@@ -34,6 +34,10 @@ ENV_VARS = ("ETCDFENCE_TOKEN", "ETCD_LOCK_REV")
 HEADER = "Fencing-Token"
 #: Key used in message metadata (Kafka headers, AMQP properties, gRPC metadata).
 METADATA_KEY = "fencing-token"
+#: The largest token any guard accepts: etcd revisions are int64 (``mvccpb.KeyValue``
+#: ``create_revision``/``mod_revision`` are ``int64`` in etcd's kv.proto). A larger
+#: "token" could never be outdone by a real one and would fence a resource off forever.
+MAX_TOKEN = 2**63 - 1
 
 
 def coerce_token(token: object) -> int:
@@ -50,6 +54,10 @@ def coerce_token(token: object) -> int:
         )
     if token <= 0:
         raise InvalidToken(f"a fencing token must be positive, got {token}")
+    if token > MAX_TOKEN:
+        raise InvalidToken(
+            f"a fencing token must fit etcd's int64 revision range (<= {MAX_TOKEN}), got {token}"
+        )
     return token
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from collections.abc import Iterator
@@ -67,9 +68,39 @@ def test_tls_server_refuses_missing_client_cert(tls_server: EtcdServer, pki: TLS
 
 
 def test_plaintext_client_against_tls_server(tls_server: EtcdServer) -> None:
+    """An http:// client against a TLS etcd: TLSError naming the cause, at once (0.1
+    retried "socket closed" for the whole timeout and reported EtcdUnavailable)."""
     plain = tls_server.endpoint.replace("https://", "http://")
-    with ef.Client(plain, timeout=2.0) as client, pytest.raises(ef.EtcdUnavailable):
+    started = time.monotonic()
+    with ef.Client(plain, timeout=5.0) as client, pytest.raises(ef.TLSError, match="https://"):
         client.get("tls/k")
+    assert time.monotonic() - started < 2.5
+
+
+@pytest.mark.parametrize("twin", ["sync", "async"])
+def test_tls_hostname_mismatch_is_a_quick_tls_error(
+    tls_server: EtcdServer, pki: TLSFiles, twin: str
+) -> None:
+    kw: dict[str, object] = dict(
+        ca_file=str(pki.ca),
+        cert_file=str(pki.client_cert),
+        key_file=str(pki.client_key),
+        server_name="not-this-host.example",
+        timeout=5.0,
+    )
+    started = time.monotonic()
+    with pytest.raises(ef.TLSError, match="does not name this host"):
+        if twin == "sync":
+            with ef.Client(tls_server.endpoint, **kw) as client:  # type: ignore[arg-type]
+                client.get("tls/k")
+        else:
+
+            async def attempt() -> None:
+                async with ef.AsyncClient(tls_server.endpoint, **kw) as client:  # type: ignore[arg-type]
+                    await client.get("tls/k")
+
+            asyncio.run(attempt())
+    assert time.monotonic() - started < 2.5
 
 
 def test_unreadable_ca_file_is_invalid_argument(tmp_path: Path) -> None:

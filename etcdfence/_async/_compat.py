@@ -59,6 +59,63 @@ async def queue_get(queue: asyncio.Queue[T], timeout: float | None) -> T:
         raise TimeoutError from None
 
 
+async def uncancellable(work: Coroutine[Any, Any, T]) -> T:
+    """Run cleanup ``work`` to its end even if the calling task is cancelled meanwhile.
+
+    A second cancellation (``wait_for`` timing out during cleanup, a task group
+    shutting down) still reaches the caller, but the cleanup goes on in the
+    background instead of being abandoned half-way.
+    """
+    return await asyncio.shield(asyncio.ensure_future(work))
+
+
+async def run_blocking(func: Callable[..., T], *args: Any) -> T:
+    """Run a short blocking call (a socket probe) off the event loop."""
+    return await asyncio.to_thread(func, *args)
+
+
+def spawn(work: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """Start ``work`` now as its own task (the sync twin just runs it)."""
+    return asyncio.ensure_future(work)
+
+
+async def settle(future: asyncio.Future[T]) -> T:
+    """Await a :func:`spawn` ed request without cancelling it when the caller is
+    cancelled: a request that may already be at the server runs to its reply, so
+    :func:`outcome` can still learn what it did."""
+    return await asyncio.shield(future)
+
+
+async def outcome(future: asyncio.Future[T]) -> T | None:
+    """The result of a :func:`spawn` ed request once it finished, ``None`` if it failed."""
+    try:
+        return await future
+    except BaseException:
+        return None
+
+
+def owner_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running now (captured by objects that other threads may poke)."""
+    return asyncio.get_running_loop()
+
+
+def call_threadsafe(loop: asyncio.AbstractEventLoop | None, func: Callable[[], Any]) -> None:
+    """Run ``func()`` on ``loop``: at once when called on that loop's thread (or when
+    there is no loop yet), else scheduled with ``call_soon_threadsafe`` so the loop
+    wakes up now instead of at its next timer."""
+    if loop is None or loop.is_closed():
+        func()
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        func()
+    else:
+        loop.call_soon_threadsafe(func)
+
+
 def queue_put(queue: asyncio.Queue[T], item: T) -> None:
     """Put without blocking (queues here are unbounded)."""
     queue.put_nowait(item)

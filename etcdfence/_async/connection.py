@@ -17,6 +17,7 @@ and a pointer to the endpoint in use. Every unary call goes through
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +30,15 @@ from tenacity import (
     wait_exponential,
 )
 
-from .._endpoints import Endpoint, parse_endpoints
+from .._endpoints import Endpoint, parse_endpoints, speaks_tls
 from .._wire import messages as m
-from .._wire.errors import describe_client_cert, is_invalid_token, never_sent, translate
+from .._wire.errors import (
+    describe_client_cert,
+    is_invalid_token,
+    never_sent,
+    plaintext_refused,
+    translate,
+)
 from ..errors import EtcdfenceError, EtcdUnavailable, InvalidArgument, InvalidType, TLSError
 from . import _compat
 
@@ -82,8 +89,12 @@ class AsyncConnection:
         key_file: str | None,
         server_name: str | None,
     ) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise InvalidType(f"timeout must be a number of seconds, got {timeout!r}")
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise InvalidArgument(
+                f"timeout must be a positive, finite number of seconds, got {timeout!r}"
+            )
         if (username is None) != (password is None):
             raise InvalidArgument("username and password must be given together")
         if username is not None and (not isinstance(username, str) or not username):
@@ -122,6 +133,7 @@ class AsyncConnection:
         self._token: str | None = None
         self._auth_lock = _compat.Lock()
         self._closed = False
+        self._probed: set[int] = set()  # plaintext endpoints already probed for TLS
 
     # -- channels ------------------------------------------------------------
 
@@ -268,6 +280,7 @@ class AsyncConnection:
             if isinstance(error, TLSError):
                 raise error from None
             if isinstance(error, EtcdUnavailable):
+                await self._explain_plaintext(err, index)
                 self.rotate(index)
                 if idempotent or never_sent(err):
                     raise _Retry(error) from None
@@ -276,6 +289,19 @@ class AsyncConnection:
                     "re-read before retrying"
                 ) from None
             raise error from None
+
+    async def _explain_plaintext(self, err: grpc.RpcError, index: int) -> None:
+        """Raise :class:`TLSError` at once if an ``http://`` endpoint turns out to be a
+        TLS server (probed once per endpoint), instead of retrying until the timeout."""
+        endpoint = self.endpoints[index]
+        if endpoint.tls or not plaintext_refused(err) or index in self._probed:
+            return
+        self._probed.add(index)
+        if await _compat.run_blocking(speaks_tls, endpoint, min(1.0, self.timeout)):
+            raise TLSError(
+                f"etcd at {endpoint} speaks TLS but the client connected in plaintext: "
+                f"use https://{endpoint.target} and pass ca_file="
+            )
 
     async def open_stream(self, name: str) -> _compat.Stream:
         """Open a bidirectional stream (``LeaseKeepAlive`` or ``Watch``) on the current

@@ -13,17 +13,30 @@ The protocol is etcd's own (Go ``concurrency.Mutex``/``Election``, etcdctl):
    report a phantom leadership). When our key exists and none is ahead, we own
    it, and that read's header revision is the token.
 
-Giving up (timeout, cancellation, error) deletes our key, guarded by its create
-revision so a late delete never removes a newer incarnation.
+Giving up (timeout, cancellation, interruption, an error or a lost reply) deletes
+our key, guarded by its create revision so a late delete never removes a newer
+incarnation; when the create revision is unknown (the enqueue's reply was lost),
+the key is read first. An object is one contender: acquiring it while it is held
+or being acquired raises :class:`AlreadyHeld`.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 from .. import _txn
-from .._keys import contender_key, contender_prefix, validate_name
-from ..errors import AcquireTimeout, EtcdfenceError, LeaseNotFound, SessionExpired
+from .._keys import contender_key, contender_prefix, validate_name, validate_timeout
+from .._log import log
+from ..errors import (
+    AcquireTimeout,
+    AlreadyHeld,
+    CompactedError,
+    EtcdfenceError,
+    EtcdUnavailable,
+    LeaseNotFound,
+    SessionExpired,
+)
 from ..token import FencingToken
 from . import _compat
 from .watch import AsyncWatch
@@ -44,6 +57,11 @@ class AsyncContender:
         self._prefix = contender_prefix(self.name).encode("utf-8")
         self._create_revision = 0
         self._token: FencingToken | None = None
+        # One holding per object: "acquiring" from the first request until the
+        # outcome is known, then "held" until release, else idle (None).
+        self._state: str | None = None
+        self._state_lock = threading.Lock()  # callers may be threads (sync twin)
+        self._stray: bytes | None = None  # a key we failed to withdraw (see _withdraw)
 
     @property
     def session(self) -> AsyncSession:
@@ -59,42 +77,88 @@ class AsyncContender:
         """The token of the current hold/term, ``None`` when not held."""
         return self._token
 
-    async def _contend(self, value: bytes, timeout: float | None) -> FencingToken:
-        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
-            raise ValueError(f"timeout must be None or >= 0, got {timeout!r}")
-        deadline = None if timeout is None else _compat.monotonic() + timeout
-        lease_id = await self._session._ensure_open()
-        my_key = contender_key(self.name, lease_id).encode("utf-8")
-        try:
-            response = await self._conn.call(
-                "Txn", _txn.acquire_txn(my_key, value, lease_id, self._prefix), idempotent=True
-            )
-        except LeaseNotFound:  # revoked or run out before the keepalive could tell us
-            self._session._expire("lease expired or revoked on the server")
-            raise SessionExpired(
-                f"{self._kind} {self.name!r}: the session's lease is gone"
-            ) from None
-        if response.succeeded:
-            my_rev = response.header.revision
-        else:
-            mine = response.responses[0].response_range.kvs
-            if not mine:  # cannot happen within one txn; be explicit rather than guess
-                raise SessionExpired(f"{self._kind} key {my_key!r} vanished during acquire")
-            my_rev = mine[0].create_revision
-            if mine[0].value != value:
-                await self._conn.call(
-                    "Txn", _txn.guarded_put(my_key, value, lease_id, my_rev), idempotent=True
+    def _claim(self) -> None:
+        with self._state_lock:
+            if self._state is not None:
+                raise AlreadyHeld(
+                    f"{self._kind} {self.name!r} is already {self._state} through this session; "
+                    "a session is one contender per name: use one session per concurrent "
+                    "contender"
                 )
-        self._create_revision = my_rev
-        owner = response.responses[1].response_range.kvs
-        if owner and owner[0].create_revision == my_rev:
-            return self._won(response.header.revision, my_key, my_rev, lease_id)
+            self._state = "acquiring"
+
+    def _set_state(self, state: str | None) -> None:
+        with self._state_lock:
+            self._state = state
+
+    async def _contend(self, value: bytes, timeout: float | None) -> FencingToken:
+        """Enqueue, wait for our turn, return the token. Every other way out of here —
+        a timeout, an error, a lost reply, cancellation, KeyboardInterrupt — withdraws
+        our key, so no contender is left blocked behind a key nobody waits on."""
+        timeout = validate_timeout(timeout)
+        self._session.check()  # a lost session is reported as such, not as "held"
+        self._claim()
         try:
-            revision = await self._wait_for_turn(my_key, my_rev, deadline)
-            return self._won(revision, my_key, my_rev, lease_id)
+            deadline = None if timeout is None else _compat.monotonic() + timeout
+            lease_id = await self._session._ensure_open()
+            if self._stray is not None:
+                await self._withdraw(self._stray, None)
+            my_key = contender_key(self.name, lease_id).encode("utf-8")
         except BaseException:
-            await self._abandon(my_key, my_rev)
+            self._set_state(None)
             raise
+        my_rev: int | None = None  # unknown until etcd answered the enqueue
+        enqueue: Any = None
+        try:
+            try:
+                # Spawned and settled, not simply awaited: a cancelled caller must not
+                # cancel a request that may already be at etcd, or the key could appear
+                # after our withdrawal read found nothing.
+                enqueue = _compat.spawn(
+                    self._conn.call(
+                        "Txn",
+                        _txn.acquire_txn(my_key, value, lease_id, self._prefix),
+                        idempotent=True,
+                    )
+                )
+                response = await _compat.settle(enqueue)
+            except LeaseNotFound:  # revoked or run out before the keepalive could tell us
+                self._session._expire("lease expired or revoked on the server")
+                raise SessionExpired(
+                    f"{self._kind} {self.name!r}: the session's lease is gone"
+                ) from None
+            if response.succeeded:
+                my_rev = int(response.header.revision)
+            else:
+                mine = response.responses[0].response_range.kvs
+                if not mine:  # cannot happen within one txn; be explicit rather than guess
+                    raise SessionExpired(f"{self._kind} key {my_key!r} vanished during acquire")
+                my_rev = int(mine[0].create_revision)
+                if mine[0].value != value:
+                    await self._conn.call(
+                        "Txn", _txn.guarded_put(my_key, value, lease_id, my_rev), idempotent=True
+                    )
+            self._create_revision = my_rev
+            owner = response.responses[1].response_range.kvs
+            if owner and owner[0].create_revision == my_rev:
+                revision = int(response.header.revision)
+            else:
+                revision = await self._wait_for_turn(my_key, my_rev, deadline)
+            token = self._won(revision, my_key, my_rev, lease_id)
+        except BaseException:
+            self._token = None
+            self._create_revision = 0
+            try:
+                if not self._session.expired:  # an expired lease took the key with it
+                    if my_rev is None and enqueue is not None:
+                        answer = await _compat.uncancellable(_compat.outcome(enqueue))
+                        my_rev = _txn.enqueued_revision(answer)
+                    await _compat.uncancellable(self._withdraw(my_key, my_rev))
+            finally:
+                self._set_state(None)
+            raise
+        self._set_state("held")
+        return token
 
     def _won(self, revision: int, key: bytes, create_revision: int, lease_id: int) -> FencingToken:
         self._session.check()
@@ -102,6 +166,36 @@ class AsyncContender:
             revision, key=key.decode("utf-8"), create_revision=create_revision, lease_id=lease_id
         )
         return self._token
+
+    async def _withdraw(self, key: bytes, create_revision: int | None) -> bool:
+        """Delete our queued key after giving up; never raises, never masks the cause.
+        Returns whether the key is known to be gone.
+
+        ``create_revision`` is ``None`` when the enqueue's reply was lost: then read
+        the key (it is derived from our lease, so whatever incarnation exists is
+        ours) and delete that one, guarded. If etcd cannot be reached the key is
+        remembered and withdrawn before this object's next acquire (and by the
+        lease's end in any case).
+        """
+        try:
+            if create_revision is None:
+                read = await self._conn.call("Range", _txn.range_request(key), idempotent=True)
+                if not read.kvs:
+                    self._stray = None
+                    return True
+                create_revision = int(read.kvs[0].create_revision)
+            await self._conn.call("Txn", _txn.guarded_delete(key, create_revision), idempotent=True)
+            self._stray = None
+            return True
+        except EtcdfenceError as err:
+            self._stray = key
+            log.warning(
+                "etcdfence.withdraw_failed",
+                contender=self.name,
+                key=key.decode("utf-8", "replace"),
+                error=str(err),
+            )
+            return False
 
     async def _wait_for_turn(self, my_key: bytes, my_rev: int, deadline: float | None) -> int:
         """Wait until no key with a lower create revision is left under the prefix and
@@ -128,63 +222,100 @@ class AsyncContender:
                 return revision
             if deadline is not None and deadline <= _compat.monotonic():
                 raise AcquireTimeout(f"{self._kind} {self.name!r} not acquired in time")
-            # Watch from *now*: etcd notifies such a watcher at once, while one that starts
-            # in the past waits for etcd's catch-up loop (every 100 ms) under load.
-            watch = AsyncWatch(self._conn, ahead[0].key)
-            self._session._waiters.append(watch)
+            await self._wait_gone(ahead[0], read.header.revision, deadline)
+
+    async def _wait_gone(self, ahead: Any, read_revision: int, deadline: float | None) -> None:
+        """Return once the key ahead may be gone (deleted, or history compacted: the
+        caller re-reads either way); :class:`AcquireTimeout` at ``deadline``."""
+        # Watch from *now*: etcd notifies such a watcher at once, while one that starts
+        # in the past waits for etcd's catch-up loop (every 100 ms) under load.
+        watch = AsyncWatch(self._conn, ahead.key)
+        self._session._waiters.append(watch)
+        try:
+            self._session.check()  # an expiry/interrupt that landed before we registered
+            wait = self._conn.timeout
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - _compat.monotonic()))
             try:
-                self._session.check()  # an expiry/interrupt that landed before we registered
-                await watch.start()
-                wait = self._conn.timeout
-                if deadline is not None:
-                    wait = min(wait, max(0.0, deadline - _compat.monotonic()))
-                created = await watch.wait_created(wait)
-                self._session.check()
-                # the key ahead may have gone between our read and the watch: look again
-                deleted = created is None or (
-                    created > read.header.revision and not await self._exists(ahead[0])
-                )
-                while not deleted:
-                    remaining = None if deadline is None else deadline - _compat.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise AcquireTimeout(f"{self._kind} {self.name!r} not acquired in time")
-                    try:
-                        batch = await watch.get(remaining)
-                    except TimeoutError:
-                        raise AcquireTimeout(
-                            f"{self._kind} {self.name!r} not acquired in time"
-                        ) from None
-                    deleted = any(ev.type == "delete" for ev in batch.events)
-            finally:
-                self._session._waiters.remove(watch)
-                await watch.close()
+                await watch.start(wait)
+            except EtcdUnavailable:  # not confirmed in time: re-read (or time out) instead
+                if deadline is not None and deadline <= _compat.monotonic():
+                    raise AcquireTimeout(
+                        f"{self._kind} {self.name!r} not acquired in time"
+                    ) from None
+                return
+            self._session.check()
+            # the key ahead may have gone between our read and the watch: look again
+            if watch.created_revision > read_revision and not await self._exists(ahead):
+                return
+            while True:
+                remaining = None if deadline is None else deadline - _compat.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise AcquireTimeout(f"{self._kind} {self.name!r} not acquired in time")
+                try:
+                    batch = await watch.get(remaining)
+                except TimeoutError:
+                    raise AcquireTimeout(
+                        f"{self._kind} {self.name!r} not acquired in time"
+                    ) from None
+                except CompactedError:
+                    return  # the watch lost its place; the caller's re-read is the truth
+                if any(ev.type == "delete" for ev in batch.events):
+                    return
+        finally:
+            self._session._waiters.remove(watch)
+            await watch.close()
 
     async def _exists(self, kv: Any) -> bool:
         """Whether ``kv``'s key still exists as the same incarnation."""
         now = await self._conn.call("Range", _txn.range_request(kv.key), idempotent=True)
         return bool(now.kvs and now.kvs[0].create_revision == kv.create_revision)
 
-    async def _abandon(self, my_key: bytes, my_rev: int) -> None:
-        """Delete our queued key (guarded) after giving up; never masks the cause."""
-        self._token = None
-        self._create_revision = 0
-        try:
-            await self._conn.call("Txn", _txn.guarded_delete(my_key, my_rev), idempotent=True)
-        except EtcdfenceError:
-            pass  # the lease expiry removes it anyway
-
     async def _give_up(self) -> bool:
-        """Delete our key if it is still the incarnation we created; True if it was."""
+        """Delete our key if it is still the incarnation we created; True if it was.
+
+        Skipped when the session is known to be expired (the lease took the key, or
+        will within its TTL). Also withdraws a key an earlier failed acquire could not
+        delete. If etcd cannot be reached the error propagates and the key is
+        withdrawn by the next release or before the next acquire.
+        """
         rev = self._create_revision
         token = self._token
         self._token = None
         self._create_revision = 0
+        self._set_state(None)
+        if self._session.expired:
+            return False
+        if self._stray is not None:  # a failed acquire left a key we could not withdraw
+            stray = self._stray
+            if not await self._withdraw(stray, None):
+                raise EtcdUnavailable(
+                    f"could not withdraw {stray.decode('utf-8', 'replace')}: etcd unreachable"
+                )
         if not rev or token is None or token.key is None:
             return False
-        response = await self._conn.call(
-            "Txn", _txn.guarded_delete(token.key.encode("utf-8"), rev), idempotent=True
-        )
+        key = token.key.encode("utf-8")
+        try:
+            response = await self._conn.call("Txn", _txn.guarded_delete(key, rev), idempotent=True)
+        except EtcdfenceError:
+            self._stray = key
+            raise
         return bool(response.succeeded)
+
+    async def _exit_block(self, exc: BaseException | None) -> None:
+        """Leave ``async with``: release, but never replace an exception in flight."""
+        if exc is None:
+            await self._give_up()
+            return
+        try:
+            await self._give_up()
+        except Exception as err:
+            log.warning(
+                "etcdfence.release_failed",
+                contender=self.name,
+                error=str(err),
+                while_handling=type(exc).__name__,
+            )
 
     async def _holds(self) -> bool:
         """Ask etcd whether our key exists with our create revision and is first."""

@@ -47,5 +47,7 @@ class AsyncLock(AsyncContender):
     async def __aenter__(self) -> FencingToken:
         return await self.acquire()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.release()
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Release; an exception in flight is never replaced by a release error, and
+        nothing is sent when the session is known to be expired."""
+        await self._exit_block(exc)

@@ -13,15 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-import structlog
 
+from .._log import log
 from .._wire import messages as m
 from ..errors import AuthError, CompactedError, EtcdfenceError, EtcdUnavailable
 from ..types import KeyValue, WatchBatch, WatchEvent
 from . import _compat
 from .connection import AsyncConnection
-
-log = structlog.get_logger("etcdfence")
 
 _CLOSED = object()
 #: Cancel reasons of a watch etcd refused: no permission, or an expired auth token.
@@ -68,27 +66,37 @@ class AsyncWatch:
         self._created = _compat.Event()
         self._created_revision = 0
 
-    async def start(self) -> AsyncWatch:
-        """Open the stream in the background; events queue up from now on."""
+    async def start(self, timeout: float | None = None) -> AsyncWatch:
+        """Open the watch and return once etcd confirmed it: every change after
+        ``start()`` returns is delivered (and, with ``start_revision``, every change
+        from that revision on).
+
+        Raises :class:`EtcdUnavailable` (and closes the watch) if etcd did not confirm
+        it within ``timeout`` (default: the client's timeout).
+        """
         if self._worker is None:
             self._worker = _compat.Background(self._run, name=f"etcdfence-watch-{self._key!r}")
+        wait = self._conn.timeout if timeout is None else timeout
+        if not await _compat.wait_event(self._created, wait):
+            await self.close()
+            raise EtcdUnavailable(
+                f"watch on {self._key!r} was not confirmed by etcd within {wait:g}s"
+            )
         return self
+
+    @property
+    def created_revision(self) -> int:
+        """The revision etcd created the watch at (0 before confirmation)."""
+        return self._created_revision
 
     @property
     def next_revision(self) -> int:
         """The revision this watch resumes from after a broken stream."""
         return self._next_revision
 
-    async def wait_created(self, timeout: float | None) -> int | None:
-        """Wait until etcd confirmed the watch; return the revision it was created at
-        (events after it are delivered), or ``None`` if not confirmed within ``timeout``."""
-        if await _compat.wait_event(self._created, timeout):
-            return self._created_revision
-        return None
-
     def interrupt(self, error: BaseException) -> None:
         """Make the consumer's pending or next ``get`` raise ``error`` (and end a
-        pending ``wait_created`` at once)."""
+        pending ``start`` at once)."""
         _compat.queue_put(self._queue, error)
         self._created.set()
 

@@ -41,6 +41,39 @@ def queue_get(queue: _queue.Queue[T], timeout: float | None) -> T:
         raise TimeoutError from None
 
 
+def uncancellable(result: T) -> T:
+    """Threads are not cancelled: the cleanup already ran when this is called."""
+    return result
+
+
+def run_blocking(func: Callable[..., T], *args: Any) -> T:
+    """Run a short blocking call (a socket probe) right here."""
+    return func(*args)
+
+
+def spawn(result: T) -> T:
+    """The request already ran (threads block in the call itself)."""
+    return result
+
+
+def settle(result: T) -> T:
+    return result
+
+
+def outcome(result: T) -> T | None:
+    return result
+
+
+def owner_loop() -> Any:
+    """No event loop in the threaded twin (always ``None``)."""
+    return None
+
+
+def call_threadsafe(loop: Any, func: Callable[[], Any]) -> None:
+    """Threading primitives are thread-safe: call ``func()`` at once."""
+    func()
+
+
 def queue_put(queue: _queue.Queue[T], item: T) -> None:
     """Put without blocking (queues here are unbounded)."""
     queue.put_nowait(item)

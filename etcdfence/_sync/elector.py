@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from .. import metrics
-from .._keys import validate_name
-from ..errors import EtcdfenceError
+from .. import _txn, metrics
+from .._keys import to_bytes, validate_name
+from .._log import log
+from ..errors import CompactedError, EtcdfenceError, InvalidArgument, InvalidType
 from ..token import FencingToken
 from ..types import Leader
 from . import _compat
@@ -22,11 +23,78 @@ if TYPE_CHECKING:
     from .election import Election
     from .session import Session
 
-log = structlog.get_logger("etcdfence")
-
 
 class _Stopped(EtcdfenceError):
     """Internal: ``stop()`` interrupted a campaign."""
+
+
+class _TermMonitor:
+    """Watches the leader's own key for the term and sets ``lost`` when it is deleted.
+
+    Compaction is not a loss: when the watch falls behind a compaction (after a
+    broken stream, say), the key is re-read; the term goes on if it is still our
+    incarnation, and watching resumes after that read.
+    """
+
+    def __init__(self, conn: Any, token: FencingToken, lost: Any, reason: list[str]) -> None:
+        self._conn = conn
+        self._key = (token.key or "").encode("utf-8")
+        self._create_revision = token.create_revision
+        self._lost = lost
+        self._reason = reason
+        self._guard = threading.Lock()
+        self._closed = False
+        self._watch: Watch | None = None
+        self._task = _compat.Background(
+            self._run, token.value + 1, name=f"etcdfence-term-{self._key!r}"
+        )
+
+    def _adopt(self, watch: Watch) -> bool:
+        with self._guard:
+            if self._closed:
+                return False
+            self._watch = watch
+            return True
+
+    def _run(self, start_revision: int) -> None:
+        try:
+            while True:
+                watch = Watch(self._conn, self._key, start_revision=start_revision)
+                if not self._adopt(watch):
+                    return
+                try:
+                    watch.start()
+                    for batch in watch:
+                        if any(ev.type == "delete" for ev in batch.events):
+                            self._end("leader key deleted")
+                            return
+                    return  # closed
+                except CompactedError:
+                    read = self._conn.call(
+                        "Range", _txn.range_request(self._key), idempotent=True
+                    )
+                    if not read.kvs or read.kvs[0].create_revision != self._create_revision:
+                        self._end("leader key deleted")
+                        return
+                    start_revision = int(read.header.revision) + 1
+                finally:
+                    watch.close()
+        except EtcdfenceError as err:
+            self._end(f"lost track of the leader key: {err}")
+
+    def _end(self, reason: str) -> None:
+        if not self._lost.is_set() and not self._closed:
+            self._reason[0] = reason
+            self._lost.set()
+
+    def close(self) -> None:
+        with self._guard:
+            self._closed = True
+            watch = self._watch
+        if watch is not None:
+            watch.close()
+        self._task.cancel()
+        self._task.join(1.0)
 
 
 class LeaderElector:
@@ -58,8 +126,15 @@ class LeaderElector:
         retry_interval: float = 1.0,
     ) -> None:
         self.name = validate_name(name)
-        if not isinstance(identity, str) or not identity:
-            raise ValueError("identity must be a non-empty str")
+        if not isinstance(identity, str):
+            raise InvalidType(f"identity must be str, got {type(identity).__name__}")
+        if not identity or "\x00" in identity:
+            raise InvalidArgument("identity must be a non-empty str without NUL")
+        to_bytes(identity, "identity")  # a lone surrogate is refused now, not at campaign
+        if isinstance(retry_interval, bool) or not isinstance(retry_interval, (int, float)):
+            raise InvalidType(f"retry_interval must be a number, got {retry_interval!r}")
+        if not math.isfinite(retry_interval) or retry_interval < 0:
+            raise InvalidArgument(f"retry_interval must be finite and >= 0, got {retry_interval}")
         self.identity = identity
         self._client = client
         self._ttl = ttl
@@ -69,6 +144,7 @@ class LeaderElector:
         self._on_lost = on_lost
         self._on_leader_change = on_leader_change
         self._stop_requested = _compat.Event()
+        self._loop: Any = None  # the event loop run() runs on (async), for stop()
         self._term_stop: Any = None
         self._session: Session | None = None
         self._election: Election | None = None
@@ -82,7 +158,11 @@ class LeaderElector:
         return self.token is not None
 
     def stop(self) -> None:
-        """End ``run()``: stop the work, resign, return. Safe from any thread/thread."""
+        """End ``run()``: stop the work, resign, return. Safe from any thread or thread:
+        from another thread it wakes the elector's event loop at once."""
+        _compat.call_threadsafe(self._loop, self._stop_now)
+
+    def _stop_now(self) -> None:
         self._stop_requested.set()
         term_stop = self._term_stop
         if term_stop is not None:
@@ -92,7 +172,14 @@ class LeaderElector:
             session.interrupt_waiters(_Stopped("elector stopped"))
 
     def run(self, work: Callable[..., Any]) -> None:
-        """Campaign, run ``work(token, stop)`` while leading, repeat until :meth:`stop`."""
+        """Campaign, run ``work(token, stop)`` while leading, repeat until :meth:`stop`.
+
+        An exception from ``work`` or from a callback (``on_elected``, ``on_lost``)
+        ends the term like a loss — the work is stopped, leadership resigned, the
+        term's watch closed — and then propagates out of ``run()``. etcd errors
+        (unavailable, session expired) do not end ``run()``: it campaigns again.
+        """
+        self._loop = _compat.owner_loop()
         observer = None
         if self._on_leader_change is not None:
             observer = _compat.Background(self._observe, name=f"etcdfence-observe-{self.name}")
@@ -127,58 +214,49 @@ class LeaderElector:
                 lost.set()
 
             session.on_expired(on_expired)
-            watch = Watch(
-                session.client._conn,
-                token.key.encode("utf-8") if token.key else b"",
-                start_revision=token.value + 1,
-            )
-            monitor = _compat.Background(
-                self._monitor, watch, lost, reason, name=f"etcdfence-term-{self.name}"
-            )
+            monitor = _TermMonitor(session.client._conn, token, lost, reason)
             self.token = token
             self.terms += 1
-            metrics.leader_elected(self.name, token.value, self.identity)
-            if self._on_elected is not None:
-                self._on_elected(token)
             try:
+                metrics.leader_elected(self.name, token.value, self.identity)
+                if self._on_elected is not None:
+                    self._on_elected(token)
                 if self._stop_requested.is_set():
                     lost.set()
                 finished = _compat.run_term(work, token, lost)
                 if finished:
                     reason[0] = "work returned"
-            except Exception as exc:
+            except BaseException as exc:
                 if not lost.is_set():  # e.g. its fenced write was refused (AuthError)
-                    reason[0] = f"work failed: {exc}"
+                    reason[0] = f"work failed: {exc!r}"
                 raise
             finally:
-                lost.set()  # however the term ended, `stop` now says so
-                self.token = None
-                self._term_stop = None
-                watch.close()
-                monitor.cancel()
-                monitor.join(1.0)
-                metrics.leader_lost(self.name, self.identity, reason[0])
-                if self._on_lost is not None:
-                    self._on_lost()
-                if not session.expired:
-                    try:
-                        election.resign()
-                    except EtcdfenceError as err:
-                        log.info("etcdfence.resign_failed", election=self.name, error=str(err))
+                self._end_term(session, election, monitor, lost, reason[0])
 
-    def _monitor(self, watch: Watch, lost: Any, reason: list[str]) -> None:
-        """Set ``lost`` when our key is deleted or replaced behind our back."""
+    def _end_term(
+        self,
+        session: Session,
+        election: Election,
+        monitor: _TermMonitor,
+        lost: Any,
+        reason: str,
+    ) -> None:
+        """Everything a term's end must do, whatever ended it; each step runs even if
+        an earlier one fails (a raising ``on_lost`` included)."""
+        lost.set()  # however the term ended, `stop` now says so
+        self.token = None
+        self._term_stop = None
         try:
-            watch.start()
-            for batch in watch:
-                if any(ev.type == "delete" for ev in batch.events):
-                    reason[0] = "leader key deleted"
-                    lost.set()
-                    return
-        except EtcdfenceError as err:
-            if not lost.is_set():
-                reason[0] = f"lost track of the leader key: {err}"
-                lost.set()
+            monitor.close()
+            metrics.leader_lost(self.name, self.identity, reason)
+            if self._on_lost is not None:
+                self._on_lost()
+        finally:
+            if not session.expired:
+                try:
+                    election.resign()
+                except EtcdfenceError as err:
+                    log.info("etcdfence.resign_failed", election=self.name, error=str(err))
 
     def _observe(self) -> None:
         callback = self._on_leader_change

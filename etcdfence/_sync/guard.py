@@ -54,7 +54,7 @@ class FenceGuard:
         accepted a higher token.
         """
         value = coerce_token(token)
-        wire_ops = _txn.user_ops(ops, reserved=self.key)
+        wire_ops = _txn.user_ops(ops, reserved=self.prefix.encode("utf-8"))
         owner = None
         if self.require_owner:
             if (

@@ -48,5 +48,7 @@ class Lock(Contender):
     def __enter__(self) -> FencingToken:
         return self.acquire()
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Release; an exception in flight is never replaced by a release error, and
+        nothing is sent when the session is known to be expired."""
+        self._exit_block(exc)

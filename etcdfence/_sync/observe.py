@@ -6,18 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import structlog
-
 from .. import metrics
 from .._keys import contender_prefix, prefix_range_end
+from .._log import log
 from .._txn import range_request
 from ..errors import CompactedError
 from ..types import KeyValue, Leader
 from . import _compat
 from .connection import Connection
 from .watch import Watch
-
-log = structlog.get_logger("etcdfence")
 
 
 def _leader_of(name: str, contenders: dict[bytes, Any], revision: int) -> Leader | None:

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
-import structlog
 
 from .. import metrics
 from .._keys import validate_name
+from .._log import log
 from .._wire import messages as m
 from ..errors import (
     EtcdfenceError,
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from .client import Client
     from .watch import Watch
 
-log = structlog.get_logger("etcdfence")
+
+#: etcd's largest lease TTL in seconds (``MaxLeaseTTL`` in etcd's server/lease/lessor.go).
+MAX_LEASE_TTL = 9_000_000_000
 
 
 def default_margin(ttl: int) -> float:
@@ -61,10 +63,13 @@ class Session:
     def __init__(self, client: Client, ttl: int = 60, *, margin: float | None = None) -> None:
         if isinstance(ttl, bool) or not isinstance(ttl, int):
             raise InvalidType(f"ttl must be an int number of seconds, got {type(ttl).__name__}")
-        if ttl < 1:
-            raise InvalidArgument(f"ttl must be at least 1 second, got {ttl}")
-        if margin is not None and (isinstance(margin, bool) or not 0 <= margin < ttl):
-            raise InvalidArgument(f"margin must be >= 0 and < ttl ({ttl}), got {margin!r}")
+        if not 1 <= ttl <= MAX_LEASE_TTL:
+            raise InvalidArgument(f"ttl must be 1..{MAX_LEASE_TTL} seconds, got {ttl}")
+        if margin is not None:
+            if isinstance(margin, bool) or not isinstance(margin, (int, float)):
+                raise InvalidType(f"margin must be a number of seconds, got {margin!r}")
+            if not 0 <= margin < ttl:  # NaN fails this too
+                raise InvalidArgument(f"margin must be >= 0 and < ttl ({ttl}), got {margin!r}")
         self._client = client
         self._conn = client._conn
         self._requested_ttl = ttl

@@ -17,7 +17,14 @@ from ..errors import (
     TLSError,
 )
 
-_TLS_HINTS = ("ssl", "handshake", "certificate", "tls", "wrong_version_number")
+_TLS_HINTS = (
+    "ssl",
+    "handshake",
+    "certificate",
+    "tls",
+    "wrong_version_number",
+    "hostname verification",
+)
 #: OpenSSL/BoringSSL alerts by which a server refuses the client's certificate (in the
 #: TLS 1.2 handshake) ...
 _CLIENT_CERT_ALERTS = (
@@ -33,6 +40,17 @@ _CLIENT_CERT_ALERTS = (
 #: the server has checked the client certificate: the server's alert arrives as the
 #: first "application data" and gRPC only reports that it could not decrypt it.
 _POST_HANDSHAKE_ALERT = ("tsi_data_corrupted", "unwrap failed")
+#: Transport failures gRPC reports as INTERNAL/UNKNOWN: the connection broke under the
+#: call (a reset, a proxy or member going away). The server may have applied a write.
+_TRANSPORT_HINTS = (
+    "rst_stream",
+    "stream removed",
+    "socket closed",
+    "goaway",
+    "connection reset",
+    "broken pipe",
+    "end of tcp stream",
+)
 _AUTH_HINTS = (
     "authentication failed",
     "invalid auth token",
@@ -62,6 +80,13 @@ def never_sent(err: grpc.RpcError) -> bool:
         or "no connection" in details
         or "dns resolution failed" in details
     )
+
+
+def plaintext_refused(err: grpc.RpcError) -> bool:
+    """A plaintext connection the server closed at once: what a TLS-only etcd does to
+    an ``http://`` client (worth a :func:`~etcdfence._endpoints.speaks_tls` probe)."""
+    details = (_details(err) or "").lower()
+    return err.code() == grpc.StatusCode.UNAVAILABLE and "socket closed" in details
 
 
 def _details(err: grpc.RpcError) -> str:
@@ -179,6 +204,10 @@ def translate(
         return EtcdUnavailable(f"{where} did not answer within {timeout}s ({details})")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return EtcdUnavailable(f"{where} is unavailable: {details}")
+    if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) and any(
+        h in low for h in _TRANSPORT_HINTS
+    ):
+        return EtcdUnavailable(f"the connection to {where} broke: {details}")
     if "compacted" in low:
         return CompactedError(f"{where}: {details}", 0)
     if "lease not found" in low:
