@@ -26,6 +26,16 @@ Channel = grpc.aio.Channel
 monotonic = time.monotonic
 IS_ASYNC = True
 
+#: What awaiting a gRPC call raises when its channel was closed under it (fail-over).
+Aborted = asyncio.CancelledError
+
+
+def still_wanted() -> bool:
+    """False if the current task is being cancelled (so a CancelledError is its own)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return not (cancelling is not None and cancelling())
+
 
 async def sleep(seconds: float) -> None:
     await asyncio.sleep(max(0.0, seconds))
@@ -190,6 +200,7 @@ class Stream:
         )
         self._call = method(metadata=metadata)
         self._cancelled = False
+        self.endpoint = 0  # the connection's index of the endpoint it was opened on
 
     async def write(self, request: Any) -> None:
         try:

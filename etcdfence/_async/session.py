@@ -287,9 +287,10 @@ class AsyncSession:
         request = m.LeaseKeepAliveRequest(ID=lease_id)
         backoff = 0.05
         while not self._stopping.is_set():
+            endpoint: int | None = None
             try:
-                endpoint = self._conn._current
                 stream = await self._conn.open_stream("LeaseKeepAlive")
+                endpoint = stream.endpoint
                 self._stream = stream
                 if self._stopping.is_set():
                     stream.cancel()
@@ -301,7 +302,7 @@ class AsyncSession:
                     try:
                         response = await stream.read(timeout=patience)
                     except TimeoutError:
-                        self._conn.rotate(endpoint)
+                        await self._conn.fail_over(endpoint)
                         raise EtcdUnavailable(
                             f"no keepalive answer from {self._conn.endpoints[endpoint]} "
                             f"within {patience:.2f}s"
@@ -317,7 +318,7 @@ class AsyncSession:
             except (grpc.RpcError, EtcdfenceError) as err:
                 if self._stopping.is_set():
                     return
-                error = await self._conn.stream_failed(err)
+                error = await self._conn.stream_failed(err, endpoint)
                 log.info("etcdfence.keepalive_retry", lease_id=f"{lease_id:x}", error=str(error))
                 await _compat.wait_event(self._stopping, backoff)
                 backoff = min(backoff * 2, max(0.1, interval / 2))

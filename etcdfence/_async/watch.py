@@ -105,8 +105,10 @@ class AsyncWatch:
         auth_retried = False
         while not self._closed:
             token: str | None = None
+            endpoint: int | None = None
             try:
                 stream = await self._conn.open_stream("Watch")
+                endpoint = stream.endpoint
                 token = self._conn.token
                 self._stream = stream
                 if self._closed:
@@ -177,7 +179,7 @@ class AsyncWatch:
                 if isinstance(err, (CompactedError, AuthError)):
                     _compat.queue_put(self._queue, err)
                     return
-                error = await self._conn.stream_failed(err)
+                error = await self._conn.stream_failed(err, endpoint)
                 if isinstance(error, AuthError):
                     _compat.queue_put(self._queue, error)
                     return

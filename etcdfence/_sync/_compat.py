@@ -20,6 +20,15 @@ monotonic = time.monotonic
 IS_ASYNC = False
 
 
+class Aborted(Exception):
+    """Never raised here: a closed channel fails blocking calls with CANCELLED."""
+
+
+def still_wanted() -> bool:
+    """Threads are not cancelled."""
+    return True
+
+
 def sleep(seconds: float) -> None:
     time.sleep(max(0.0, seconds))
 
@@ -143,6 +152,7 @@ class Stream:
             response_deserializer=response_cls.FromString,
         )
         self._call = method(self._request_iter(), metadata=metadata)
+        self.endpoint = 0  # the connection's index of the endpoint it was opened on
 
     def _request_iter(self) -> Any:
         while True:

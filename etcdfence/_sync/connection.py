@@ -171,6 +171,18 @@ class Connection:
         if failed is None or failed == self._current:
             self._current = (self._current + 1) % len(self.endpoints)
 
+    def fail_over(self, failed: int) -> None:
+        """Endpoint ``failed`` stopped answering (a keepalive went unanswered): move to
+        the next one and close its channel, so calls still waiting on it end now — as
+        outcome unknown, or retried elsewhere if idempotent — instead of at their
+        timeout. The next use of that endpoint opens a fresh channel."""
+        self.rotate(failed)
+        channel = self._channels.pop(failed, None)
+        for key in [key for key in self._stubs if key[0] == failed]:
+            del self._stubs[key]
+        if channel is not None:
+            _compat.close_channel(channel)
+
     def close(self) -> None:
         self._closed = True
         channels = list(self._channels.values())
@@ -269,10 +281,24 @@ class Connection:
         if self._username is not None and self._token is None:
             self._authenticate(None)
         token = self._token
+        channel = self._channel(index)
         try:
             return self._stub(index, method)(
                 request, timeout=remaining, metadata=self.metadata()
             )
+        except _compat.Aborted:
+            if self._channels.get(index) is channel or not _compat.still_wanted():
+                raise  # the caller itself was cancelled
+            # fail_over() closed the channel under this call: the endpoint stopped answering
+            abandoned = EtcdUnavailable(
+                f"etcd at {self.endpoints[index]} stopped answering (failed over)"
+            )
+            if idempotent:
+                raise _Retry(abandoned) from None
+            raise EtcdUnavailable(
+                f"{abandoned} — the {method} may or may not have been applied; "
+                "re-read before retrying"
+            ) from None
         except grpc.RpcError as err:
             error = self._translate(err, self.endpoints[index])
             if is_invalid_token(err) and self._username is not None:
@@ -310,13 +336,18 @@ class Connection:
         if self._username is not None and self._token is None:
             self._authenticate(None)
         path, req_cls, resp_cls = m.STREAMS[name]
-        return _compat.Stream(
-            self._channel(self._current), path, req_cls, resp_cls, self.metadata()
-        )
+        index = self._current
+        stream = _compat.Stream(self._channel(index), path, req_cls, resp_cls, self.metadata())
+        stream.endpoint = index
+        return stream
 
-    def stream_failed(self, err: BaseException) -> EtcdfenceError:
+    def stream_failed(
+        self, err: BaseException, endpoint: int | None = None
+    ) -> EtcdfenceError:
         """Bookkeeping after a stream broke: re-authenticate or fail over; returns the
-        translated error for logging."""
+        translated error for logging. ``endpoint`` is the index the stream was opened
+        on (:attr:`Stream.endpoint`): only that endpoint is left, never a healthy one
+        another caller already moved to."""
         if isinstance(err, grpc.RpcError):
             if is_invalid_token(err) and self._username is not None:
                 try:
@@ -325,7 +356,7 @@ class Connection:
                     return auth_err
             error = self._translate(err, self.endpoint)
             if isinstance(error, EtcdUnavailable):
-                self.rotate()
+                self.rotate(endpoint)
             return error
         if isinstance(err, EtcdfenceError):
             return err

@@ -288,9 +288,10 @@ class Session:
         request = m.LeaseKeepAliveRequest(ID=lease_id)
         backoff = 0.05
         while not self._stopping.is_set():
+            endpoint: int | None = None
             try:
-                endpoint = self._conn._current
                 stream = self._conn.open_stream("LeaseKeepAlive")
+                endpoint = stream.endpoint
                 self._stream = stream
                 if self._stopping.is_set():
                     stream.cancel()
@@ -302,7 +303,7 @@ class Session:
                     try:
                         response = stream.read(timeout=patience)
                     except TimeoutError:
-                        self._conn.rotate(endpoint)
+                        self._conn.fail_over(endpoint)
                         raise EtcdUnavailable(
                             f"no keepalive answer from {self._conn.endpoints[endpoint]} "
                             f"within {patience:.2f}s"
@@ -318,7 +319,7 @@ class Session:
             except (grpc.RpcError, EtcdfenceError) as err:
                 if self._stopping.is_set():
                     return
-                error = self._conn.stream_failed(err)
+                error = self._conn.stream_failed(err, endpoint)
                 log.info("etcdfence.keepalive_retry", lease_id=f"{lease_id:x}", error=str(error))
                 _compat.wait_event(self._stopping, backoff)
                 backoff = min(backoff * 2, max(0.1, interval / 2))

@@ -106,8 +106,10 @@ class Watch:
         auth_retried = False
         while not self._closed:
             token: str | None = None
+            endpoint: int | None = None
             try:
                 stream = self._conn.open_stream("Watch")
+                endpoint = stream.endpoint
                 token = self._conn.token
                 self._stream = stream
                 if self._closed:
@@ -178,7 +180,7 @@ class Watch:
                 if isinstance(err, (CompactedError, AuthError)):
                     _compat.queue_put(self._queue, err)
                     return
-                error = self._conn.stream_failed(err)
+                error = self._conn.stream_failed(err, endpoint)
                 if isinstance(error, AuthError):
                     _compat.queue_put(self._queue, error)
                     return

@@ -658,9 +658,10 @@ class CheckResult:
 
 
 def _decode_mark(value: str) -> int | None:
-    text = value.strip()
-    if text.isdigit() and len(text) <= MARK_WIDTH:
-        return int(text)
+    """The token part of a FenceGuard mark (``<token>`` or ``<token>:<epoch>``)."""
+    token, _, epoch = value.strip().partition(":")
+    if token.isdigit() and len(token) <= MARK_WIDTH and (not epoch or epoch.isdigit()):
+        return int(token)
     return None
 
 

@@ -115,6 +115,7 @@ class FaultProxy:
         self._delays = {"upstream": 0.0, "downstream": 0.0}
         self._hold = False
         self._held_bytes = 0
+        self._sever_linger = 1.0
         self._connections_total = 0
         self._conns: set[_Connection] = set()
         self._closed = False
@@ -267,12 +268,14 @@ class FaultProxy:
             time.sleep(0.01)
         return self._held_bytes
 
-    def sever_held(self) -> int:
+    def sever_held(self, linger: float = 1.0) -> int:
         """Make the clients of held connections give up: their sockets are reset (as a
         client timeout or crash would end them), but the bytes they already sent stay
-        held and still reach the server on :meth:`release`, followed by a clean end of
-        stream (FIN, never a reset that could discard them). Answers the server sends
-        are dropped. Returns how many connections were severed."""
+        held and still reach the server on :meth:`release`, followed — ``linger``
+        seconds later — by a clean end of stream (FIN, never a reset that could discard
+        them). Answers the server sends are dropped. Returns how many connections were
+        severed."""
+        self._sever_linger = float(linger)
 
         async def apply() -> int:
             count = 0
@@ -439,6 +442,10 @@ class FaultProxy:
                     await self._healed[direction].wait()
                     if data is None and not (conn.severed and direction == "upstream"):
                         return "reset"  # a severed client's bytes end with a clean FIN
+                    if conn.severed and direction == "upstream":
+                        # like a slow network, the end of the stream arrives after the
+                        # bytes: the server handles the request before it sees the close
+                        await asyncio.sleep(self._sever_linger)
                     with contextlib.suppress(OSError, RuntimeError):
                         if writer.can_write_eof():
                             writer.write_eof()
