@@ -16,7 +16,8 @@ Run as a script it is a contender *process* for cross-process fault tests (SIGST
 
 It campaigns for NAME, then writes ``<RES>/data`` through ``FenceGuard(RES)`` with its
 token every 50 ms and prints one JSON object per line: ``elected`` (token, key, lease),
-``write`` (ok, current), ``lost`` (when the session expires), and a final
+``write`` (ok, current; ``deadline``, the session's local deadline as
+``time.monotonic()``, when accepted), ``lost`` (when the session expires), and a final
 ``zombie_write`` (one more write attempted with the old token after the loss), then exits.
 """
 
@@ -234,6 +235,20 @@ class LineReader:
                 self.seen.append(item)
             return item
 
+    def ready(self) -> list[str]:
+        """The lines already read from the stream, without waiting (EOF not reported)."""
+        lines = []
+        while True:
+            try:
+                item = self.lines.get_nowait()
+            except queue.Empty:
+                return lines
+            if item is None:
+                self.lines.put(None)  # keep EOF for line()
+                return lines
+            self.seen.append(item)
+            lines.append(item)
+
     async def event(self, name: str, timeout: float = 5.0) -> dict[str, Any]:
         """Skip JSON lines until one with ``event == name``; return it."""
         deadline = time.monotonic() + timeout
@@ -267,18 +282,20 @@ def _emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, "t": time.monotonic(), **fields}), flush=True)
 
 
-def _write(put: Callable[[], Any], event: str, token: ef.FencingToken) -> None:
+def _write(put: Callable[[], Any], event: str, token: ef.FencingToken, session: Any) -> None:
     try:
         put()
-        _emit(event, ok=True, token=token.value)
+        _emit(event, ok=True, token=token.value, deadline=session.deadline)
     except ef.StaleTokenError as err:
         _emit(event, ok=False, token=token.value, current=err.current)
 
 
-async def _awrite(put: Callable[[], Awaitable[Any]], event: str, token: ef.FencingToken) -> None:
+async def _awrite(
+    put: Callable[[], Awaitable[Any]], event: str, token: ef.FencingToken, session: Any
+) -> None:
     try:
         await put()
-        _emit(event, ok=True, token=token.value)
+        _emit(event, ok=True, token=token.value, deadline=session.deadline)
     except ef.StaleTokenError as err:
         _emit(event, ok=False, token=token.value, current=err.current)
 
@@ -296,9 +313,9 @@ def _run_sync(args: argparse.Namespace) -> None:
             return guard.put(token, args.resource + "/data", args.identity)
 
         while not session.expired:
-            _write(put, "write", token)
+            _write(put, "write", token, session)
             time.sleep(0.05)
-        _write(put, "zombie_write", token)  # a paused leader's late write: must bounce
+        _write(put, "zombie_write", token, session)  # a paused leader's late write: must bounce
         session.close()
 
 
@@ -315,9 +332,9 @@ async def _run_async(args: argparse.Namespace) -> None:
             return guard.put(token, args.resource + "/data", args.identity)
 
         while not session.expired:
-            await _awrite(put, "write", token)
+            await _awrite(put, "write", token, session)
             await asyncio.sleep(0.05)
-        await _awrite(put, "zombie_write", token)
+        await _awrite(put, "zombie_write", token, session)
         await session.aclose()
 
 
