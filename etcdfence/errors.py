@@ -73,6 +73,12 @@ class AuthError(EtcdfenceError):
     certificate refused)."""
 
 
+class AuthTokenExpired(AuthError):
+    """etcd no longer accepts the client's auth token (expired, or the auth store
+    changed). The client gets a fresh one and repeats the request by itself; you see
+    this only if that keeps failing."""
+
+
 class TLSError(EtcdUnavailable, AuthError):
     """The TLS handshake failed: wrong CA, expired or mismatched certificate, or a
     plaintext client talking to a TLS server (or the other way round)."""

@@ -6,8 +6,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
 from .. import metrics
 from .._keys import validate_name
 from .._log import log
@@ -26,6 +24,7 @@ from .lock import AsyncLock
 
 if TYPE_CHECKING:
     from .client import AsyncClient
+    from .connection import EtcdStream
     from .watch import AsyncWatch
 
 
@@ -87,7 +86,7 @@ class AsyncSession:
         self._open_lock = _compat.Lock()
         self._state_lock = threading.Lock()  # guards expiry in the threaded twin too
         self._workers: list[_compat.Background] = []
-        self._stream: _compat.Stream | None = None
+        self._stream: EtcdStream | None = None
         self.keepalives_sent = 0
 
     # -- properties ------------------------------------------------------------------
@@ -278,52 +277,45 @@ class AsyncSession:
                 return
 
     async def _keepalive(self) -> None:
-        lease_id = self.lease_id
         interval = max(self._ttl / 3.0, 0.1)
+        await self._conn.keep_stream(
+            "LeaseKeepAlive",
+            lambda stream: self._renew(stream, interval),
+            stop=self._stopping,
+            max_backoff=max(0.1, interval / 2),
+        )
+
+    async def _renew(self, stream: EtcdStream, interval: float) -> None:
+        """Keep the lease alive on one stream: a request every ``interval``, the local
+        deadline moved on by each answer (from its *send* time)."""
         # An endpoint that stops answering without closing the stream (a frozen member)
         # must not cost the lease while other members are healthy: give up on it after
         # half an interval, well before the deadline, and fail over.
         patience = interval / 2
-        request = m.LeaseKeepAliveRequest(ID=lease_id)
-        backoff = 0.05
-        while not self._stopping.is_set():
-            endpoint: int | None = None
-            try:
-                stream = await self._conn.open_stream("LeaseKeepAlive")
-                endpoint = stream.endpoint
-                self._stream = stream
-                if self._stopping.is_set():
-                    stream.cancel()
+        request = m.LeaseKeepAliveRequest(ID=self.lease_id)
+        self._stream = stream
+        try:
+            while not self._stopping.is_set():
+                sent = _compat.monotonic()
+                await stream.write(request)
+                self.keepalives_sent += 1
+                try:
+                    response = await stream.read(timeout=patience)
+                except TimeoutError:
+                    await self._conn.fail_over(stream.endpoint)
+                    raise EtcdUnavailable(
+                        f"no keepalive answer from {self._conn.endpoints[stream.endpoint]} "
+                        f"within {patience:.2f}s"
+                    ) from None
+                if response is None:
+                    raise EtcdUnavailable("etcd closed the keepalive stream")
+                if response.TTL <= 0:
+                    self._expire("lease expired or revoked on the server")
                     return
-                while not self._stopping.is_set():
-                    sent = _compat.monotonic()
-                    await stream.write(request)
-                    self.keepalives_sent += 1
-                    try:
-                        response = await stream.read(timeout=patience)
-                    except TimeoutError:
-                        await self._conn.fail_over(endpoint)
-                        raise EtcdUnavailable(
-                            f"no keepalive answer from {self._conn.endpoints[endpoint]} "
-                            f"within {patience:.2f}s"
-                        ) from None
-                    if response is None:
-                        raise EtcdfenceError("etcd closed the keepalive stream")
-                    if response.TTL <= 0:
-                        self._expire("lease expired or revoked on the server")
-                        return
-                    backoff = 0.05
-                    self._deadline = max(self._deadline, sent + response.TTL - self._margin)
-                    await _compat.wait_event(self._stopping, sent + interval - _compat.monotonic())
-            except (grpc.RpcError, EtcdfenceError) as err:
-                if self._stopping.is_set():
-                    return
-                error = await self._conn.stream_failed(err, endpoint)
-                log.info("etcdfence.keepalive_retry", lease_id=f"{lease_id:x}", error=str(error))
-                await _compat.wait_event(self._stopping, backoff)
-                backoff = min(backoff * 2, max(0.1, interval / 2))
-            finally:
-                self._stream = None
+                self._deadline = max(self._deadline, sent + response.TTL - self._margin)
+                await _compat.wait_event(self._stopping, sent + interval - _compat.monotonic())
+        finally:
+            self._stream = None
 
     # -- locks and elections ----------------------------------------------------------------
 

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
-
-from .._log import log
 from .._wire import messages as m
-from ..errors import AuthError, CompactedError, EtcdfenceError, EtcdUnavailable
+from ..errors import AuthError, CompactedError, EtcdfenceError, EtcdUnavailable, TLSError
 from ..types import KeyValue, WatchBatch, WatchEvent
 from . import _compat
-from .connection import AsyncConnection
+from .connection import AsyncConnection, EtcdStream
 
 _CLOSED = object()
 #: Cancel reasons of a watch etcd refused: no permission, or an expired auth token.
@@ -61,7 +58,10 @@ class AsyncWatch:
         self._prev_kv = prev_kv
         self._queue: _compat.Queue[Any] = _compat.Queue()
         self._closed = False
-        self._stream: _compat.Stream | None = None
+        self._stop = _compat.Event()  # set by close(): the stream loop ends
+        self._auth_retried = False
+        self._token: str | None = None
+        self._stream: EtcdStream | None = None
         self._worker: _compat.Background | None = None
         self._created = _compat.Event()
         self._created_revision = 0
@@ -101,93 +101,79 @@ class AsyncWatch:
         self._created.set()
 
     async def _run(self) -> None:
-        backoff = 0.05
-        auth_retried = False
-        while not self._closed:
-            token: str | None = None
-            endpoint: int | None = None
-            try:
-                stream = await self._conn.open_stream("Watch")
-                endpoint = stream.endpoint
-                token = self._conn.token
-                self._stream = stream
-                if self._closed:
-                    stream.cancel()
-                    return
-                create = m.WatchCreateRequest(
-                    key=self._key,
-                    range_end=self._range_end,
-                    start_revision=self._next_revision,
-                    prev_kv=self._prev_kv,
-                    progress_notify=True,
-                )
-                await stream.write(m.WatchRequest(create_request=create))
-                while True:
-                    response = await stream.read()
-                    if response is None:
-                        raise EtcdUnavailable("etcd ended the watch stream")
-                    backoff = 0.05
-                    if response.compact_revision:
-                        raise CompactedError(
-                            f"watch on {self._key!r} needs revision {self._next_revision}, "
-                            f"compacted up to {response.compact_revision}",
-                            response.compact_revision,
-                        )
-                    if response.canceled:
-                        reason = response.cancel_reason or "watch canceled by etcd"
-                        if any(hint in reason for hint in _AUTH_CANCEL):
-                            raise AuthError(f"watch on {self._key!r} refused: {reason}")
-                        raise EtcdUnavailable(f"watch on {self._key!r} canceled: {reason}")
-                    if response.created:
-                        auth_retried = False
-                        if not self._created.is_set():
-                            self._created_revision = response.header.revision
-                            self._created.set()
-                        if self._next_revision == 0:
-                            self._next_revision = response.header.revision + 1
-                        continue
-                    if response.events:
-                        self._next_revision = response.events[-1].kv.mod_revision + 1
-                        _compat.queue_put(self._queue, _batch(response))
-                    else:  # progress notification: everything up to header.revision is delivered
-                        self._next_revision = max(self._next_revision, response.header.revision + 1)
-            except (grpc.RpcError, EtcdfenceError) as err:
-                if self._closed:
-                    return
-                if isinstance(err, AuthError) and not auth_retried:
-                    # etcd checks the token when a watch is created and reports an expired
-                    # one as "invalid auth token" (3.4) or "permission denied" (3.5): get a
-                    # fresh token and try once more before calling it a denial.
-                    auth_retried = True
-                    try:
-                        if await self._conn.reauthenticate(token):
-                            continue
-                    except AuthError as auth_err:
-                        err = auth_err
-                    except EtcdfenceError as unavailable:
-                        auth_retried = False
-                        log.debug(
-                            "etcdfence.watch_reconnect", key=self._key, error=str(unavailable)
-                        )
-                        await _compat.sleep(backoff)
-                        backoff = min(backoff * 2, 1.0)
-                        continue
-                if self._conn.closed:  # nothing reconnects: end instead of waiting forever
-                    closed = EtcdUnavailable(f"watch on {self._key!r} ended: the client is closed")
-                    _compat.queue_put(self._queue, closed)
-                    return
-                if isinstance(err, (CompactedError, AuthError)):
-                    _compat.queue_put(self._queue, err)
-                    return
-                error = await self._conn.stream_failed(err, endpoint)
-                if isinstance(error, AuthError):
-                    _compat.queue_put(self._queue, error)
-                    return
-                log.debug("etcdfence.watch_reconnect", key=self._key, error=str(error))
-                await _compat.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-            finally:
-                self._stream = None
+        try:
+            await self._conn.keep_stream("Watch", self._follow, stop=self._stop, fatal=self._fatal)
+        except EtcdfenceError as err:
+            _compat.queue_put(self._queue, err)
+
+    async def _follow(self, stream: EtcdStream) -> None:
+        """Create the watch on ``stream`` (from where it left off) and deliver events
+        until the stream breaks (raises) or the watch is closed."""
+        self._stream = stream
+        self._token = self._conn.token
+        try:
+            create = m.WatchCreateRequest(
+                key=self._key,
+                range_end=self._range_end,
+                start_revision=self._next_revision,
+                prev_kv=self._prev_kv,
+                progress_notify=True,
+            )
+            await stream.write(m.WatchRequest(create_request=create))
+            while not self._stop.is_set():
+                response = await stream.read()
+                if response is None:
+                    raise EtcdUnavailable("etcd ended the watch stream")
+                self._handle(response)
+        finally:
+            self._stream = None
+
+    def _handle(self, response: Any) -> None:
+        if response.compact_revision:
+            raise CompactedError(
+                f"watch on {self._key!r} needs revision {self._next_revision}, "
+                f"compacted up to {response.compact_revision}",
+                response.compact_revision,
+            )
+        if response.canceled:
+            reason = response.cancel_reason or "watch canceled by etcd"
+            if any(hint in reason for hint in _AUTH_CANCEL):
+                raise AuthError(f"watch on {self._key!r} refused: {reason}")
+            raise EtcdUnavailable(f"watch on {self._key!r} canceled: {reason}")
+        if response.created:
+            self._auth_retried = False
+            if not self._created.is_set():
+                self._created_revision = response.header.revision
+                self._created.set()
+            if self._next_revision == 0:
+                self._next_revision = response.header.revision + 1
+            return
+        if response.events:
+            self._next_revision = response.events[-1].kv.mod_revision + 1
+            _compat.queue_put(self._queue, _batch(response))
+        else:  # progress notification: everything up to header.revision is delivered
+            self._next_revision = max(self._next_revision, response.header.revision + 1)
+
+    async def _fatal(self, error: EtcdfenceError) -> bool:
+        """Whether ``error`` ends the watch (it is then delivered to the consumer)."""
+        if isinstance(error, AuthError) and not isinstance(error, TLSError):
+            if not self._auth_retried:
+                # etcd checks the token when a watch is created and reports an expired
+                # one as "invalid auth token" (3.4) or "permission denied" (3.5): get a
+                # fresh token and try once more before calling it a denial.
+                self._auth_retried = True
+                try:
+                    if await self._conn.reauthenticate(self._token):
+                        return False
+                except AuthError:
+                    return True
+                except EtcdfenceError:
+                    self._auth_retried = False
+                    return False
+            return True
+        if self._conn.closed:  # nothing reconnects: end instead of waiting forever
+            raise EtcdUnavailable(f"watch on {self._key!r} ended: the client is closed")
+        return isinstance(error, CompactedError)
 
     async def get(self, timeout: float | None = None) -> WatchBatch:
         """The next batch; raises :class:`TimeoutError` after ``timeout`` seconds,
@@ -213,6 +199,7 @@ class AsyncWatch:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         stream = self._stream
         if stream is not None:
             stream.cancel()

@@ -32,15 +32,22 @@ from tenacity import (
 )
 
 from .._endpoints import Endpoint, parse_endpoints, speaks_tls
+from .._log import log
 from .._wire import messages as m
 from .._wire.errors import (
     describe_client_cert,
-    is_invalid_token,
     never_sent,
     plaintext_refused,
     translate,
 )
-from ..errors import EtcdfenceError, EtcdUnavailable, InvalidArgument, InvalidType, TLSError
+from ..errors import (
+    AuthTokenExpired,
+    EtcdfenceError,
+    EtcdUnavailable,
+    InvalidArgument,
+    InvalidType,
+    TLSError,
+)
 from . import _compat
 
 #: etcd's default --max-request-bytes is 1.5 MiB; allow large responses (ranges).
@@ -301,7 +308,7 @@ class Connection:
             ) from None
         except grpc.RpcError as err:
             error = self._translate(err, self.endpoints[index])
-            if is_invalid_token(err) and self._username is not None:
+            if isinstance(error, AuthTokenExpired) and self._username is not None:
                 self._authenticate(token)
                 raise _Retry(error) from None
             if isinstance(error, TLSError):
@@ -330,34 +337,109 @@ class Connection:
                 f"use https://{endpoint.target} and pass ca_file="
             )
 
-    def open_stream(self, name: str) -> _compat.Stream:
+    def open_stream(self, name: str) -> EtcdStream:
         """Open a bidirectional stream (``LeaseKeepAlive`` or ``Watch``) on the current
-        endpoint. The caller reopens it after :meth:`stream_failed` when it breaks."""
+        endpoint. Prefer :meth:`keep_stream`, which also reopens it when it breaks."""
         if self._username is not None and self._token is None:
             self._authenticate(None)
         path, req_cls, resp_cls = m.STREAMS[name]
         index = self._current
-        stream = _compat.Stream(self._channel(index), path, req_cls, resp_cls, self.metadata())
-        stream.endpoint = index
-        return stream
+        raw = _compat.Stream(self._channel(index), path, req_cls, resp_cls, self.metadata())
+        endpoint = self.endpoints[index]
+        return EtcdStream(raw, index, lambda err: self._translate(err, endpoint))
+
+    def keep_stream(
+        self,
+        name: str,
+        run: Callable[[EtcdStream], Any],
+        *,
+        stop: Any,
+        fatal: Callable[[EtcdfenceError], Any] | None = None,
+        max_backoff: float = 1.0,
+    ) -> None:
+        """The one reconnecting-stream loop: open a ``name`` stream and run
+        ``run(stream)`` on it until ``run`` returns or ``stop`` (an event) is set.
+
+        When the stream breaks (``run`` raises an :class:`EtcdfenceError`), the
+        connection re-authenticates or moves to the next endpoint, then — unless
+        ``fatal(error)`` says the error ends it (it is then raised) — reopens the
+        stream after a backoff of 50 ms doubling to ``max_backoff``, reset whenever
+        the broken stream had delivered something.
+        """
+        backoff = 0.05
+        while not stop.is_set():
+            stream: EtcdStream | None = None
+            try:
+                stream = self.open_stream(name)
+                if not stop.is_set():
+                    run(stream)
+                return
+            except EtcdfenceError as err:
+                if stop.is_set():
+                    return
+                if stream is not None and stream.responses:
+                    backoff = 0.05
+                error = self.stream_failed(err, None if stream is None else stream.endpoint)
+                if fatal is not None and fatal(error):
+                    raise error from None
+                log.debug("etcdfence.stream_retry", stream=name, error=str(error))
+                _compat.wait_event(stop, backoff)
+                backoff = min(backoff * 2, max_backoff)
+            finally:
+                if stream is not None:
+                    stream.cancel()
 
     def stream_failed(
-        self, err: BaseException, endpoint: int | None = None
+        self, error: EtcdfenceError, endpoint: int | None = None
     ) -> EtcdfenceError:
         """Bookkeeping after a stream broke: re-authenticate or fail over; returns the
-        translated error for logging. ``endpoint`` is the index the stream was opened
-        on (:attr:`Stream.endpoint`): only that endpoint is left, never a healthy one
+        error to report. ``endpoint`` is the index the stream was opened on
+        (:attr:`EtcdStream.endpoint`): only that endpoint is left, never a healthy one
         another caller already moved to."""
-        if isinstance(err, grpc.RpcError):
-            if is_invalid_token(err) and self._username is not None:
-                try:
-                    self._authenticate(self._token)
-                except EtcdfenceError as auth_err:
-                    return auth_err
-            error = self._translate(err, self.endpoint)
-            if isinstance(error, EtcdUnavailable):
-                self.rotate(endpoint)
-            return error
-        if isinstance(err, EtcdfenceError):
-            return err
-        return EtcdUnavailable(f"stream to {self.endpoint} broke: {err!r}")
+        if isinstance(error, AuthTokenExpired) and self._username is not None:
+            try:
+                self._authenticate(self._token)
+            except EtcdfenceError as auth_err:
+                return auth_err
+        if isinstance(error, EtcdUnavailable) and not isinstance(error, TLSError):
+            self.rotate(endpoint)
+        return error
+
+
+class EtcdStream:
+    """A bidirectional stream whose failures are etcdfence errors, never gRPC's.
+
+    ``read(timeout)`` returns the next response, ``None`` when etcd ended the stream,
+    and raises :class:`TimeoutError` (the stream is then cancelled) when nothing came
+    within ``timeout``. ``endpoint`` is the connection's index of its endpoint and
+    ``responses`` how many responses it delivered.
+    """
+
+    def __init__(
+        self,
+        raw: _compat.Stream,
+        endpoint: int,
+        translate: Callable[[grpc.RpcError], EtcdfenceError],
+    ) -> None:
+        self._raw = raw
+        self._translate = translate
+        self.endpoint = endpoint
+        self.responses = 0
+
+    def write(self, request: Any) -> None:
+        try:
+            self._raw.write(request)
+        except grpc.RpcError as err:
+            raise self._translate(err) from None
+
+    def read(self, timeout: float | None = None) -> Any:
+        try:
+            response = self._raw.read(timeout)
+        except grpc.RpcError as err:
+            raise self._translate(err) from None
+        if response is not None:
+            self.responses += 1
+        return response
+
+    def cancel(self) -> None:
+        self._raw.cancel()

@@ -9,6 +9,7 @@ import grpc
 
 from ..errors import (
     AuthError,
+    AuthTokenExpired,
     CompactedError,
     EtcdfenceError,
     EtcdRequestError,
@@ -51,19 +52,6 @@ _TRANSPORT_HINTS = (
     "broken pipe",
     "end of tcp stream",
 )
-_AUTH_HINTS = (
-    "authentication failed",
-    "invalid auth token",
-    "user name is empty",
-    "permission denied",
-    "auth: revision in header is old",
-)
-
-
-def is_invalid_token(err: grpc.RpcError) -> bool:
-    """etcd's simple/JWT token expired or is unknown: re-authenticate and retry."""
-    details = (_details(err) or "").lower()
-    return "invalid auth token" in details or "auth: revision in header is old" in details
 
 
 def never_sent(err: grpc.RpcError) -> bool:
@@ -167,6 +155,42 @@ def _tls_cause(low: str, describe_cert: Callable[[], str] | None) -> str:
     return "the TLS handshake failed"
 
 
+#: etcd's own error descriptions (``api/v3rpc/rpctypes/error.go`` in etcd: the
+#: ``ErrGRPC*`` values and the server's ``errStringToError`` table, 3.4 and 3.5
+#: wording), in the order they are matched, and the error a caller can act on.
+#: Matched as substrings of the gRPC status details, lower-cased.
+ETCD_ERRORS: tuple[tuple[str, type[EtcdfenceError]], ...] = (
+    ("etcdserver: invalid auth token", AuthTokenExpired),
+    ("etcdserver: revision of auth store is old", AuthTokenExpired),
+    ("auth: revision in header is old", AuthTokenExpired),
+    ("etcdserver: permission denied", AuthError),
+    ("etcdserver: authentication failed", AuthError),
+    ("etcdserver: user name is empty", AuthError),
+    ("etcdserver: user name not found", AuthError),
+    ("etcdserver: authentication is not enabled", AuthError),
+    ("etcdserver: mvcc: required revision has been compacted", CompactedError),
+    ("etcdserver: requested lease not found", LeaseNotFound),
+    ("etcdserver: no leader", EtcdUnavailable),
+    ("etcdserver: not leader", EtcdUnavailable),
+    ("etcdserver: leader changed", EtcdUnavailable),
+    ("etcdserver: request timed out", EtcdUnavailable),
+    ("etcdserver: unhealthy cluster", EtcdUnavailable),
+    ("etcdserver: too many requests", EtcdUnavailable),
+    ("etcdserver: request is too large", EtcdRequestError),
+    ("etcdserver: too many operations in txn request", EtcdRequestError),
+    ("etcdserver: duplicate key given in txn request", EtcdRequestError),
+    ("etcdserver: mvcc: database space exceeded", EtcdRequestError),
+    ("etcdserver: lease ttl is too large", EtcdRequestError),
+)
+
+
+def _from_table(low: str) -> type[EtcdfenceError] | None:
+    for text, kind in ETCD_ERRORS:
+        if text.removeprefix("etcdserver: ") in low:  # stream cancel reasons lack the prefix
+            return kind
+    return None
+
+
 def translate(
     err: grpc.RpcError,
     endpoint: str,
@@ -176,6 +200,8 @@ def translate(
 ) -> EtcdfenceError:
     """Map a gRPC error to the etcdfence exception a caller can act on.
 
+    In order: TLS handshake failures (naming the cause), etcd's own errors
+    (:data:`ETCD_ERRORS`), then what the gRPC status says of the transport.
     ``describe_cert`` explains a refused client certificate (see
     :func:`describe_client_cert`); without it the message lists the possible causes.
     """
@@ -191,15 +217,25 @@ def translate(
         cause = _tls_cause(low, describe_cert)
         raw = details.removesuffix(": OK")  # grpc appends the (irrelevant) TSI status
         return TLSError(f"TLS handshake with {where} failed: {cause} (gRPC: {raw})")
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or any(
-        h in low for h in _AUTH_HINTS
+    kind = _from_table(low)
+    if kind is None and code in (
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
     ):
-        if code == grpc.StatusCode.PERMISSION_DENIED or "permission denied" in low:
-            return AuthError(
-                f"{where} denied the request: {details} (the user's roles do not grant "
-                "access to every key it touches)"
-            )
-        return AuthError(f"{where} refused the credentials: {details}")
+        kind = AuthError
+    if kind is AuthError and (code == grpc.StatusCode.PERMISSION_DENIED or "permission" in low):
+        return AuthError(
+            f"{where} denied the request: {details} (the user's roles do not grant "
+            "access to every key it touches)"
+        )
+    if kind is not None and issubclass(kind, AuthError):
+        return kind(f"{where} refused the credentials: {details}")
+    if kind is CompactedError:
+        return CompactedError(f"{where}: {details}", 0)
+    if kind is EtcdUnavailable:
+        return EtcdUnavailable(f"{where} cannot serve the request now: {details}")
+    if kind is not None:
+        return kind(f"{where} rejected the request: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return EtcdUnavailable(f"{where} did not answer within {timeout}s ({details})")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
@@ -208,10 +244,6 @@ def translate(
         h in low for h in _TRANSPORT_HINTS
     ):
         return EtcdUnavailable(f"the connection to {where} broke: {details}")
-    if "compacted" in low:
-        return CompactedError(f"{where}: {details}", 0)
-    if "lease not found" in low:
-        return LeaseNotFound(f"{where}: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return EtcdRequestError(f"request too large or rate-limited by {where}: {details}")
     return EtcdRequestError(f"{where} rejected the request ({code.name}): {details}")
