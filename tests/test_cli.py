@@ -294,7 +294,7 @@ def test_lock_holds_until_signalled_and_queues_others(
 
     second = start("lock", name, "--", "sh", "-c", "echo $ETCD_LOCK_REV", env=env)
     procs.append(second)
-    time.sleep(0.5)
+    wait_until(lambda: len(etcd_client.get_prefix(name + "/")) == 2, what="second queued")
     assert second.poll() is None, "second locker must wait for the holder"
     assert stop(holder, signal.SIGTERM) == 0
     assert second.wait(10) == 0

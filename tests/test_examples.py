@@ -61,6 +61,19 @@ def finish(proc: subprocess.Popen[str], timeout: float = 30.0) -> tuple[int, str
     return proc.returncode, out, err
 
 
+def wait_for_a_fenced_write(
+    env: dict[str, str], resource: str, proc: subprocess.Popen[str], timeout: float = 30.0
+) -> None:
+    """Until the first leader wrote through ``client.fence(resource)``: a fixed sleep
+    lets a slow-starting first process lose to the second on a busy machine."""
+    deadline = time.monotonic() + timeout
+    with ef.Client(env["ETCDFENCE_ENDPOINTS"]) as client:
+        while client.fence(resource).current() == 0:
+            assert proc.poll() is None, f"it exited first: {finish(proc)}"
+            assert time.monotonic() < deadline, f"no fenced write to {resource} in {timeout}s"
+            time.sleep(0.02)
+
+
 def tokens_of(output: str, pattern: str) -> list[int]:
     return [int(t) for t in re.findall(pattern, output)]
 
@@ -83,7 +96,7 @@ def test_leader_job_runs_on_one_node_at_a_time(env: dict[str, str], etcd_namespa
     name = f"{etcd_namespace}/job"
     common = ["--name", name, "--ttl", "2", "--interval", "0.2"]
     first = spawn("leader_job.py", "--id", "first", "--iterations", "3", *common, env=env)
-    time.sleep(0.5)  # let "first" win; "second" queues behind it
+    wait_for_a_fenced_write(env, name, first)  # "first" won; "second" queues behind it
     second = spawn("leader_job.py", "--id", "second", "--iterations", "2", *common, env=env)
     code1, out1, err1 = finish(first)
     code2, out2, err2 = finish(second)
@@ -225,8 +238,8 @@ def test_async_service_hands_over_between_instances(
 ) -> None:
     name = f"{etcd_namespace}/async"
     common = ["--name", name, "--ttl", "2", "--interval", "0.2"]
-    first = spawn("async_service.py", "--id", "api-1", "--duration", "1", *common, env=env)
-    time.sleep(0.5)
+    first = spawn("async_service.py", "--id", "api-1", "--duration", "2", *common, env=env)
+    wait_for_a_fenced_write(env, name, first)  # "api-1" won; "api-2" queues behind it
     second = spawn("async_service.py", "--id", "api-2", "--iterations", "2", *common, env=env)
     code1, out1, err1 = finish(first)
     code2, out2, err2 = finish(second)

@@ -5,7 +5,6 @@ Every test runs on both twins (``api`` is ``sync`` or ``async``).
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -47,9 +46,8 @@ async def test_keepalive_outlives_several_ttls_on_one_stream(api: Api, etcd_name
         tokens += [
             await api(session.election(f"{etcd_namespace}/el{i}").campaign, b"v") for i in range(2)
         ]
-        started = time.monotonic()
-        await asyncio.sleep(2.3)
-        assert not session.expired
+        started, sent = time.monotonic(), session.keepalives_sent
+        assert not await api(session.wait_expired, 2.3)
         assert await lease_ttl(api, session.lease_id) >= 0  # whole seconds left; -1 = gone
         for token in tokens:
             kv = await api(api.client.get, token.key)
@@ -57,7 +55,8 @@ async def test_keepalive_outlives_several_ttls_on_one_stream(api: Api, etcd_name
         assert await api(session.lock(f"{etcd_namespace}/lock0").is_owner)
         elapsed = time.monotonic() - started
         # one keepalive every ttl/3 for the whole session, not one per lock/election
-        assert elapsed / 0.34 - 2 <= session.keepalives_sent <= elapsed / 0.3 + 4
+        # (counted from `started`: how long the acquires took does not matter)
+        assert elapsed / 0.34 - 2 <= session.keepalives_sent - sent <= elapsed / 0.3 + 2
         assert calls["stream:LeaseKeepAlive"] == 1
         assert calls["LeaseGrant"] == 1
 
