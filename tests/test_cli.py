@@ -118,10 +118,17 @@ def alive(pid: int) -> bool:
         return True
 
 
+_RESERVED: list[socket.socket] = []
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port where nothing listens, for the rest of the session: the socket stays bound
+    (without listening, so connections are refused) and no etcd or proxy of a test
+    running beside us can take it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _RESERVED.append(sock)
+    return int(sock.getsockname()[1])
 
 
 def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
