@@ -1,9 +1,9 @@
-"""The async side of the compat seam: each primitive's async form under its plain name.
+"""Each primitive's async form under its plain name (the async side of the compat seam).
 
-The primitives and their two forms live side by side in ``etcdfence/_acompat.py``;
-this table only picks the async forms. ``tools/async_to_sync.py`` turns it into
-``_sync/_compat.py`` through its names map (``_c.AEvent`` becomes ``_c.Event``), so
-the modules of both twins say ``_compat.Event`` and get their own side's form.
+Both forms of every primitive live side by side in ``etcdfence/_acompat.py``; this
+table picks one form of each. ``tools/async_to_sync.py`` makes ``_sync/_compat.py``
+from ``_async/_compat.py`` through its names map, so the modules of both twins say
+``_compat.Event`` and each gets its own side's form.
 """
 
 from __future__ import annotations

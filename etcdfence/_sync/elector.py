@@ -103,7 +103,7 @@ class LeaderElector:
     ``run(work)`` campaigns with ``identity`` as the value; once elected it calls
     ``on_elected(token)`` and runs ``work(token, stop)``. The moment leadership
     is lost — the session's local deadline passed, the lease was revoked, or the
-    key was deleted — ``stop`` is set and the work thread is cancelled, then
+    key was deleted — ``stop`` is set (``work`` must return soon), then
     ``on_lost()`` runs and the elector campaigns again with a fresh session.
     ``stop()`` ends the loop and resigns. ``on_leader_change(leader)`` is called
     for every leader change seen (any candidate).
@@ -158,8 +158,7 @@ class LeaderElector:
         return self.token is not None
 
     def stop(self) -> None:
-        """End ``run()``: stop the work, resign, return. Safe from any thread or thread:
-        from another thread it wakes the elector's event loop at once."""
+        """End ``run()``: stop the work, resign, return. Safe from any thread."""
         _compat.call_threadsafe(self._loop, self._stop_now)
 
     def _stop_now(self) -> None:

@@ -63,8 +63,8 @@ class FenceGuard:
     apply — then re-read and decide. Writers of one term in other objects or
     processes adopt a higher epoch of their token when they meet it, and retry.
 
-    Use ``client.fence("config/db")`` to get one; share it between the threads or
-    tasks of one writer.
+    Use ``client.fence("config/db")`` to get one; share it between the threads of
+    one writer.
     """
 
     def __init__(

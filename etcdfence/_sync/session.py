@@ -220,7 +220,7 @@ class Session:
         """Call ``callback()`` once when the session expires (at once if it already has).
 
         Use it to stop work that must not continue without the lock/leadership.
-        Callbacks run on the session's background thread/thread and must be quick.
+        Callbacks run on the session's background thread and must be quick.
         """
         if self._expired.is_set() and self._expiry_reason != "session closed":
             callback()
