@@ -172,36 +172,12 @@ class Counter:
 def count_etcdfence(client: Any, counter: Counter) -> None:
     """Count every request an etcdfence client (sync or async) sends from now on.
 
-    All unary RPCs go through ``client._conn.call`` (counted by method, retries
-    included as the one logical call the library made) and every stream through
-    ``client._conn.open_stream``: a ``Watch`` stream carries exactly one create
-    request (``stream:Watch`` = one watch created); the session's one
-    ``LeaseKeepAlive`` stream is counted once when opened, its pings are not.
+    ``client.on_call`` reports each request (by method, every attempt) and each
+    stream open: a ``Watch`` stream carries exactly one create request
+    (``stream:Watch`` = one watch created); the session's one ``LeaseKeepAlive``
+    stream is counted once when opened, its pings are not.
     """
-    conn = client._conn
-    call, open_stream = conn.call, conn.open_stream
-    if type(client).__name__.startswith("Async"):
-
-        async def acall(method: str, *args: Any, **kwargs: Any) -> Any:
-            counter.add(method)
-            return await call(method, *args, **kwargs)
-
-        async def aopen(name: str) -> Any:
-            counter.add("stream:" + name)
-            return await open_stream(name)
-
-        conn.call, conn.open_stream = acall, aopen
-    else:
-
-        def scall(method: str, *args: Any, **kwargs: Any) -> Any:
-            counter.add(method)
-            return call(method, *args, **kwargs)
-
-        def sopen(name: str) -> Any:
-            counter.add("stream:" + name)
-            return open_stream(name)
-
-        conn.call, conn.open_stream = scall, sopen
+    client.on_call(lambda record: counter.add(record.method))
 
 
 class GrpcCounter(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):

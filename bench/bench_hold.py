@@ -56,7 +56,6 @@ from bench_curves import (
 )
 
 import etcdfence as ef
-from etcdfence._wire import messages as m
 
 IN_FLIGHT = 256
 
@@ -184,7 +183,7 @@ def run_child(args: list[str]) -> Any:
 
 def db_in_use(client: ef.Client) -> int:
     time.sleep(0.25)  # etcd commits its backend every 100 ms
-    size: int = client._conn.call("Status", m.StatusRequest()).dbSizeInUse
+    size: int = client.status()["db_size_in_use"]
     return size
 
 
@@ -210,7 +209,7 @@ def db_growth(endpoint: str, k: int) -> Json:
         out["revisions_per_term"] = 2  # the campaign's put and the resign's delete
         out["revisions_per_guarded_write"] = 1  # one txn: mark and data in one revision
         client.compact(client.revision())
-        client._conn.call("Defragment", m.DefragmentRequest(), timeout=30)
+        client.defragment(timeout=30)
         out["in_use_before_mb"] = round(after_terms / 2**20, 2)
         out["in_use_after_compact_defrag_mb"] = round(db_in_use(client) / 2**20, 2)
         return out

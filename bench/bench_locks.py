@@ -12,7 +12,7 @@ What is printed (targets from the issue "Sessions, locks, elections and LeaderEl
    waiters as asyncio tasks (20 ``AsyncClient`` s, one loop) against the same etcd3
    rounds. Exclusion is checked: at most one holder at any time.
 2. **Requests per handoff** with 5/20/50 queued waiters: etcdfence's client-side count
-   (``client._conn.call`` and stream opens wrapped) during the drain, divided by the
+   (``client.on_call``: every request and stream open) during the drain, divided by the
    number of handoffs; the whole life of a waiter (session open .. close) per waiter;
    and, for both libraries, the requests and stream messages etcd itself received
    (``grpc_server_msg_received_total`` from etcd's /metrics) per handoff. Target:
@@ -111,20 +111,9 @@ def delta(after: collections.Counter[str], before: collections.Counter[str]) -> 
 
 
 def count_calls(client: Any) -> collections.Counter[str]:
-    """Wrap an (async) etcdfence client's unary calls and stream opens with a counter."""
+    """Count an etcdfence client's requests (retries included) and stream opens."""
     counter: collections.Counter[str] = collections.Counter()
-    conn = client._conn
-    call, open_stream = conn.call, conn.open_stream
-
-    async def counted_call(method: str, *args: Any, **kwargs: Any) -> Any:
-        counter[method] += 1
-        return await call(method, *args, **kwargs)
-
-    async def counted_open(name: str) -> Any:
-        counter["stream:" + name] += 1
-        return await open_stream(name)
-
-    conn.call, conn.open_stream = counted_call, counted_open
+    client.on_call(lambda record: counter.update([record.method]))
     return counter
 
 

@@ -147,7 +147,7 @@ def drain_section(data: Json | None, targets: Targets) -> str:
         "lock; the holder releases; each waiter acquires and releases at once. Drain time "
         "= holder's release → last waiter's release returned. Requests per handoff = what "
         "etcd had to serve in that window ÷ N: etcdfence's unary RPCs (wrapping "
-        "`client._conn.call`) plus its watch streams (wrapping `open_stream`; each carries "
+        "`client.on_call`) plus its watch streams (each stream open is reported; each carries "
         "one watch create); python3-etcd3's unary RPCs plus the `create`/`cancel` messages "
         "on its watch stream (a gRPC client interceptor installed on its channel, "
         "`grpc.intercept_channel`). Keepalive pings are excluded on both sides. "
@@ -875,7 +875,7 @@ def machine_section(run: Json | None, sources: list[Json]) -> str:
 
 def appendix(run: Json | None) -> str:
     parts = []
-    for name in ("client", "locks", "sql"):
+    for name in ("client", "locks", "sql", "ordering"):
         path = OUT / f"{name}.txt"
         if path.exists() and run and any(b["bench"] == name for b in run["benches"]):
             parts += [f"### bench_{name}.py", "", "```", path.read_text().rstrip(), "```", ""]

@@ -47,7 +47,7 @@ from .errors import (
     TLSError,
 )
 from .token import FencingToken
-from .types import KeyValue, Leader, WatchBatch, WatchEvent
+from .types import CallRecord, KeyValue, Leader, WatchBatch, WatchEvent
 
 __version__ = "0.1.0"
 
@@ -62,6 +62,7 @@ __all__ = [
     "AsyncSession",
     "AsyncWatch",
     "AuthError",
+    "CallRecord",
     "Client",
     "CompactedError",
     "Delete",

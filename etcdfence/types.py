@@ -7,6 +7,22 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class CallRecord:
+    """One request the client sent to etcd, as :meth:`Client.on_call` observers see it.
+
+    ``method`` is the etcd RPC (``"Range"``, ``"Txn"``, ``"LeaseGrant"``, ...), or
+    ``"stream:Watch"`` / ``"stream:LeaseKeepAlive"`` when a stream was opened. Every
+    attempt is reported, retries included. ``outcome`` is ``"ok"``, ``"error"`` or
+    ``"cancelled"``; ``duration`` is in seconds (0 for a stream open).
+    """
+
+    method: str
+    endpoint: str
+    duration: float
+    outcome: str
+
+
+@dataclass(frozen=True)
 class KeyValue:
     """A key as stored in etcd, with the revisions that order it.
 

@@ -42,7 +42,6 @@ from typing import IO, Any
 import structlog
 
 import etcdfence as ef
-from etcdfence._wire import messages as m
 
 # ----------------------------------------------------------------------------- in-process
 
@@ -132,33 +131,10 @@ class Api:
             iterator.close()
 
     def count_calls(self, client: Any) -> collections.Counter[str]:
-        """Count the unary RPCs (by method) and stream opens (``stream:<name>``) of a
-        client from now on, by wrapping its connection's two entry points."""
+        """Count the requests (by method; retries included) and stream opens
+        (``stream:<name>``) of a client from now on, through its public ``on_call``."""
         counter: collections.Counter[str] = collections.Counter()
-        conn = client._conn
-        call, open_stream = conn.call, conn.open_stream
-        if self.is_async:
-
-            async def acall(method: str, *args: Any, **kwargs: Any) -> Any:
-                counter[method] += 1
-                return await call(method, *args, **kwargs)
-
-            async def aopen(name: str) -> Any:
-                counter["stream:" + name] += 1
-                return await open_stream(name)
-
-            conn.call, conn.open_stream = acall, aopen
-        else:
-
-            def scall(method: str, *args: Any, **kwargs: Any) -> Any:
-                counter[method] += 1
-                return call(method, *args, **kwargs)
-
-            def sopen(name: str) -> Any:
-                counter["stream:" + name] += 1
-                return open_stream(name)
-
-            conn.call, conn.open_stream = scall, sopen
+        client.on_call(lambda record: counter.update([record.method]))
         return counter
 
 
@@ -187,16 +163,13 @@ def api_fixture() -> Any:
 async def revoke_lease(api: Api, lease_id: int, client: Any = None) -> None:
     """Revoke a lease behind its session's back (what an operator or etcd itself does)."""
     client = client or api.client
-    await api(client._conn.call, "LeaseRevoke", m.LeaseRevokeRequest(ID=lease_id))
+    await api(client.lease_revoke, lease_id)
 
 
 async def lease_ttl(api: Api, lease_id: int, client: Any = None) -> int:
     """The server's remaining TTL of a lease (-1 once it is gone)."""
     client = client or api.client
-    response = await api(
-        client._conn.call, "LeaseTimeToLive", m.LeaseTimeToLiveRequest(ID=lease_id)
-    )
-    return int(response.TTL)
+    return int(await api(client.lease_time_to_live, lease_id))
 
 
 async def keys_under(api: Api, prefix: str, client: Any = None) -> list[Any]:

@@ -176,7 +176,7 @@ def test_failover_when_the_leader_member_is_killed(
                 str(i).encode() for i in range(5)
             ]
             assert client.get(f"{etcd_namespace}/before") is not None
-            assert str(client._conn.endpoint) != endpoints[0]  # moved off the dead member
+            assert client.endpoint != endpoints[0]  # moved off the dead member
             with client.session(ttl=2) as session:
                 assert session.lock(f"{etcd_namespace}/lk").acquire(timeout=5).value > 0
         finally:

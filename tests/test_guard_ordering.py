@@ -131,19 +131,17 @@ async def test_cancelled_or_interrupted_write_moves_the_writer_on(
         with pytest.raises(asyncio.CancelledError):
             await task
     else:
-        conn = guard._conn
-        real = conn.call
 
-        def interrupted(*args: Any, **kwargs: Any) -> Any:
-            real(*args, **kwargs)
-            raise KeyboardInterrupt
+        def interrupt(record: ef.CallRecord) -> None:
+            if record.method == "Txn":
+                raise KeyboardInterrupt  # Ctrl-C as the answer arrives
 
-        conn.call = interrupted
+        remove = api.client.on_call(interrupt)
         try:
             with pytest.raises(KeyboardInterrupt):
                 await api(guard.put, 3, etcd_namespace + "/k", b"w")
         finally:
-            conn.call = real
+            remove()
     assert guard.epoch(3) == 1
     await api(guard.put, 3, etcd_namespace + "/k", b"after")
     assert await api(guard.current_mark) == (3, 1)
@@ -171,7 +169,11 @@ async def _held_write_scenario(
             await write(b"v0")  # the connection through the proxy is up
             proxy.hold()
             stray = asyncio.ensure_future(write(b"stray"))
-            await asyncio.get_running_loop().run_in_executor(None, proxy.wait_held)
+            # the whole request must be in the network (a gRPC call whose bytes did not
+            # all leave is retried on a new connection by gRPC itself: never sent)
+            body = _txn.fence_txn(guard.key, token.value, [_txn.op_put(key.encode(), b"stray")])
+            size = len(body.SerializeToString()) + 9 + 5  # DATA frame + gRPC message prefix
+            await asyncio.get_running_loop().run_in_executor(None, proxy.wait_held, size)
             proxy.sever_held()  # the client gives up; its bytes stay in the network
             with pytest.raises(ef.EtcdUnavailable) as lost:
                 await asyncio.wait_for(stray, 10)

@@ -14,7 +14,6 @@ import pytest
 from _contender_proc import Api, api_fixture, keys_under, poll
 
 import etcdfence as ef
-from etcdfence import _txn
 
 pytestmark = pytest.mark.integration
 
@@ -23,10 +22,8 @@ api = api_fixture()
 
 async def owner_at(api: Api, name: str, revision: int) -> Any:
     """The first-created key under ``name/`` as etcd saw it at ``revision``."""
-    request = _txn.range_request((name + "/").encode(), prefix=True, first_created=True)
-    request.revision = revision
-    response = await api(api.client._conn.call, "Range", request)
-    return response.kvs[0] if response.kvs else None
+    keys = await api(api.client.get_prefix, name + "/", revision=revision)
+    return min(keys, key=lambda kv: kv.create_revision) if keys else None
 
 
 async def test_key_layout_and_token(api: Api, etcd_namespace: str) -> None:

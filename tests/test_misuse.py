@@ -36,36 +36,18 @@ class ReplyLost(Exception):
 def lose_reply(
     api: Api, client: Any, *, method: str, nth: int = 1, error: Callable[[], BaseException]
 ) -> list[int]:
-    """Make the ``nth`` ``method`` call of ``client`` reach etcd, be applied, and then
-    raise ``error()`` instead of returning. Returns a one-item list counting calls."""
-    conn = client._conn
-    real = conn.call
+    """Make the ``nth`` ``method`` request of ``client`` reach etcd, be applied, and then
+    raise ``error()`` instead of returning (through the client's public ``on_call``:
+    an observer's exception becomes the call's). Returns a one-item call counter."""
     seen = [0]
 
-    def hit(name: str) -> bool:
-        if name != method:
-            return False
-        seen[0] += 1
-        return seen[0] == nth
-
-    if api.is_async:
-
-        async def acall(name: str, *args: Any, **kwargs: Any) -> Any:
-            result = await real(name, *args, **kwargs)
-            if hit(name):
+    def observe(record: ef.CallRecord) -> None:
+        if record.method == method and record.outcome == "ok":
+            seen[0] += 1
+            if seen[0] == nth:
                 raise error()
-            return result
 
-        conn.call = acall
-    else:
-
-        def scall(name: str, *args: Any, **kwargs: Any) -> Any:
-            result = real(name, *args, **kwargs)
-            if hit(name):
-                raise error()
-            return result
-
-        conn.call = scall
+    client.on_call(observe)
     return seen
 
 
@@ -181,38 +163,19 @@ async def test_withdraw_that_cannot_reach_etcd_is_done_before_the_next_acquire(
         client = await api.new_client([proxy.endpoint], timeout=1.0)
         async with api.session(ttl=30, client=client) as session:
             lock = session.lock(name)
-            real = client._conn.call
             cut = [False]
 
-            def blackhole_after_enqueue(method: str) -> None:
-                if method == "Txn" and not cut[0]:
+            def blackhole_after_enqueue(record: ef.CallRecord) -> None:
+                if record.method == "Txn" and not cut[0]:
                     cut[0] = True
-                    proxy.blackhole()
+                    proxy.blackhole()  # nothing reaches etcd any more, the withdrawal neither
+                    raise unavailable()
 
-            if api.is_async:
-
-                async def acall(method: str, *a: Any, **k: Any) -> Any:
-                    result = await real(method, *a, **k)
-                    blackhole_after_enqueue(method)
-                    if cut[0] and method == "Txn":
-                        raise unavailable()
-                    return result
-
-                client._conn.call = acall
-            else:
-
-                def scall(method: str, *a: Any, **k: Any) -> Any:
-                    result = real(method, *a, **k)
-                    blackhole_after_enqueue(method)
-                    if cut[0] and method == "Txn":
-                        raise unavailable()
-                    return result
-
-                client._conn.call = scall
+            remove = client.on_call(blackhole_after_enqueue)
             with pytest.raises(ef.EtcdUnavailable):
                 await api(lock.acquire)
             assert len(await keys_under(api, name)) == 1  # withdrawal could not reach etcd
-            client._conn.call = real
+            remove()
             proxy.heal()
             proxy.reset()  # the proxy dropped bytes mid-stream: start on fresh connections
             # release() withdraws what the failed acquire could not: nobody stays blocked

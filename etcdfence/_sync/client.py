@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._keys import (
@@ -17,7 +17,7 @@ from .._keys import (
 from .._txn import range_request
 from .._wire import messages as m
 from ..errors import InvalidArgument, InvalidType
-from ..types import KeyValue, Leader
+from ..types import CallRecord, KeyValue, Leader
 from .connection import Connection
 from .guard import FenceGuard
 from .observe import observe_leader
@@ -72,6 +72,24 @@ class Client:
         """Default per-call timeout in seconds."""
         return self._conn.timeout
 
+    @property
+    def endpoint(self) -> str:
+        """The endpoint requests go to now (it moves on when one fails)."""
+        return str(self._conn.endpoint)
+
+    def on_call(self, observer: Callable[[CallRecord], Any]) -> Callable[[], None]:
+        """Call ``observer(record)`` after every request this client sends to etcd
+        (each attempt, retries included) and every stream it opens; returns a function
+        that removes the observer.
+
+        Use it for metrics and tracing (method, endpoint, duration, outcome: see
+        :class:`CallRecord`), and in tests to count requests. The observer runs
+        inline, where the call was made, and must be quick. An exception it raises becomes the
+        call's error — after etcd answered, so a test can make a reply "lost" after
+        the server applied the request.
+        """
+        return self._conn.add_observer(observer)
+
     # -- plain KV ------------------------------------------------------------------
 
     def put(
@@ -102,12 +120,12 @@ class Client:
         return KeyValue.from_wire(response.kvs[0]) if response.kvs else None
 
     def get_prefix(
-        self, prefix: str | bytes, *, timeout: float | None = None
+        self, prefix: str | bytes, *, revision: int = 0, timeout: float | None = None
     ) -> list[KeyValue]:
-        """Read every key that starts with ``prefix``, in key order."""
-        response = self._conn.call(
-            "Range", range_request(to_key(prefix), prefix=True), timeout=timeout, idempotent=True
-        )
+        """Read every key that starts with ``prefix``, in key order — as of
+        ``revision`` if given (history etcd has not compacted yet), else now."""
+        request = range_request(to_key(prefix), prefix=True, revision=_revision(revision))
+        response = self._conn.call("Range", request, timeout=timeout, idempotent=True)
         return [KeyValue.from_wire(kv) for kv in response.kvs]
 
     def delete(
@@ -132,6 +150,28 @@ class Client:
         """Discard history before ``revision`` (what operators' auto-compaction does)."""
         self._conn.call("Compact", m.CompactionRequest(revision=revision, physical=physical))
 
+    def lease_revoke(self, lease_id: int, *, timeout: float | None = None) -> None:
+        """Revoke a lease: every key attached to it goes at once (what an operator's
+        ``etcdctl lease revoke`` does; sessions revoke their own lease on close)."""
+        self._conn.call(
+            "LeaseRevoke", m.LeaseRevokeRequest(ID=_lease(lease_id)), timeout=timeout
+        )
+
+    def lease_time_to_live(self, lease_id: int, *, timeout: float | None = None) -> int:
+        """Seconds etcd will keep lease ``lease_id`` without a keepalive; -1 if it is gone."""
+        response = self._conn.call(
+            "LeaseTimeToLive",
+            m.LeaseTimeToLiveRequest(ID=_lease(lease_id)),
+            timeout=timeout,
+            idempotent=True,
+        )
+        ttl: int = response.TTL
+        return ttl
+
+    def defragment(self, *, timeout: float | None = None) -> None:
+        """Defragment the backend of the endpoint in use (an operator's maintenance)."""
+        self._conn.call("Defragment", m.DefragmentRequest(), timeout=timeout)
+
     def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         """Status of the endpoint in use: version, leader member id, db size, revision."""
         response = self._conn.call(
@@ -145,6 +185,7 @@ class Client:
             "revision": response.header.revision,
             "raft_term": response.raftTerm,
             "db_size": response.dbSize,
+            "db_size_in_use": response.dbSizeInUse,
         }
 
     def txn_raw(self, request: Any, *, timeout: float | None = None) -> Any:
@@ -224,6 +265,14 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({self.endpoints!r})"
+
+
+def _revision(revision: object) -> int:
+    if isinstance(revision, bool) or not isinstance(revision, int):
+        raise InvalidType(f"revision must be int, got {type(revision).__name__}")
+    if revision < 0:
+        raise InvalidArgument(f"revision must be >= 0, got {revision}")
+    return revision
 
 
 def _lease(lease_id: object) -> int:

@@ -19,6 +19,7 @@ and a pointer to the endpoint in use. Every unary call goes through
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ from ..errors import (
     InvalidType,
     TLSError,
 )
+from ..types import CallRecord
 from . import _compat
 
 #: etcd's default --max-request-bytes is 1.5 MiB; allow large responses (ranges).
@@ -142,6 +144,7 @@ class Connection:
         self._auth_lock = _compat.Lock()
         self._closed = False
         self._probed: set[int] = set()  # plaintext endpoints already probed for TLS
+        self._observers: tuple[Callable[[CallRecord], Any], ...] = ()
 
     # -- channels ------------------------------------------------------------
 
@@ -177,6 +180,28 @@ class Connection:
         """Move to the next endpoint (if ``failed`` is still the current one)."""
         if failed is None or failed == self._current:
             self._current = (self._current + 1) % len(self.endpoints)
+
+    # -- observing calls ------------------------------------------------------------------
+
+    def add_observer(self, observer: Callable[[CallRecord], Any]) -> Callable[[], None]:
+        """Call ``observer`` after every attempt and stream open; returns a remover."""
+        self._observers = (*self._observers, observer)
+
+        def remove() -> None:
+            self._observers = tuple(o for o in self._observers if o is not observer)
+
+        return remove
+
+    def _notify(self, method: str, index: int, duration: float, error: object) -> None:
+        if error is None:
+            outcome = "ok"
+        elif isinstance(error, (_compat.Aborted, KeyboardInterrupt)):
+            outcome = "cancelled"
+        else:
+            outcome = "error"
+        record = CallRecord(method, str(self.endpoints[index]), duration, outcome)
+        for observer in self._observers:
+            observer(record)  # an observer's exception is the call's: see Client.on_call
 
     def fail_over(self, failed: int) -> None:
         """Endpoint ``failed`` stopped answering (a keepalive went unanswered): move to
@@ -289,10 +314,15 @@ class Connection:
             self._authenticate(None)
         token = self._token
         channel = self._channel(index)
+        started = _compat.monotonic()
         try:
-            return self._stub(index, method)(
-                request, timeout=remaining, metadata=self.metadata()
-            )
+            try:
+                return self._stub(index, method)(
+                    request, timeout=remaining, metadata=self.metadata()
+                )
+            finally:
+                if self._observers:
+                    self._notify(method, index, _compat.monotonic() - started, sys.exc_info()[1])
         except _compat.Aborted:
             if self._channels.get(index) is channel or not _compat.still_wanted():
                 raise  # the caller itself was cancelled
@@ -346,6 +376,8 @@ class Connection:
         index = self._current
         raw = _compat.Stream(self._channel(index), path, req_cls, resp_cls, self.metadata())
         endpoint = self.endpoints[index]
+        if self._observers:
+            self._notify("stream:" + name, index, 0.0, None)
         return EtcdStream(raw, index, lambda err: self._translate(err, endpoint))
 
     def keep_stream(

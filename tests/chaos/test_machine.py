@@ -36,7 +36,6 @@ from hypothesis.stateful import (
 )
 
 import etcdfence as ef
-from etcdfence._wire import messages as m
 from etcdfence.testing import FaultProxy
 from etcdfence.testing.history import CheckResult, History, Layout, Observer, Recorder, check
 
@@ -206,7 +205,7 @@ class SafetyMachine(RuleBasedStateMachine):
             c.recorder.lost("lease revoked by an operator")
             c.believes = False
         try:
-            self.admin._conn.call("LeaseRevoke", m.LeaseRevokeRequest(ID=c.session.lease_id))
+            self.admin.lease_revoke(c.session.lease_id)
         except ef.LeaseNotFound:
             pass
         self.shared.record.fault("revoke lease")
@@ -321,7 +320,7 @@ def test_contending_after_a_revoke_is_session_expired(
     session's back, before its keepalive noticed. The campaign/acquire must fail with
     :class:`SessionExpired` (and expire the session), not a raw ``LeaseNotFound``."""
     with cluster_client.session(ttl=30) as session:
-        cluster_client._conn.call("LeaseRevoke", m.LeaseRevokeRequest(ID=session.lease_id))
+        cluster_client.lease_revoke(session.lease_id)
         with pytest.raises(ef.SessionExpired):
             if kind == "election":
                 session.election(etcd_namespace + "/e").campaign("x", timeout=2)

@@ -35,7 +35,6 @@ import pytest
 from structlog.testing import capture_logs
 
 import etcdfence as ef
-from etcdfence._wire import messages as m
 from etcdfence.testing import FaultProxy
 from etcdfence.testing.history import Layout, LeaderState, Observer, leader_changes
 
@@ -129,7 +128,7 @@ class Watcher:
 def _defrag_all(cluster: Any) -> None:
     for endpoint in cluster.endpoints:
         with ef.Client(endpoint, timeout=10.0) as member:
-            member._conn.call("Defragment", m.DefragmentRequest())
+            member.defragment()
 
 
 def _check_sequence(
