@@ -10,7 +10,7 @@
 Each benchmark is its own process and starts its own etcd. The curve benchmarks
 (``bench_drain``, ``bench_handoff``, ``bench_throughput``, ``bench_hold``,
 ``bench_failover``, ``bench_cluster``) write ``bench/out/<name>.json``; the table benchmarks
-(``bench_client``, ``bench_locks``, ``bench_sql``) print tables, kept in
+(``bench_client``, ``bench_locks``, ``bench_sql``, ``bench_ordering``) print tables, kept in
 ``bench/out/<name>.txt`` and quoted in the report's appendix. ``bench/out/run.json``
 records what ran, how long it took and the load average before and after each.
 """
@@ -41,6 +41,7 @@ TABLES: list[tuple[str, list[str], list[str]]] = [
     ("client", [], ["--n", "100", "--rounds", "3"]),
     ("locks", [], ["--rounds", "2"]),
     ("sql", [], ["--n", "300"]),
+    ("ordering", [], ["--quick"]),
 ]
 
 

@@ -313,6 +313,65 @@ def test_acknowledged_at_another_revision() -> None:
     assert kinds(check(history)) == {"ack-lost"}
 
 
+def _late_landing(sim: Sim, *, outcome: str = "unknown", later: int = 2) -> str:
+    """A writes, loses one write's outcome (its bytes held in the network), writes
+    ``later`` more (acknowledged), then the held write lands: the mark takes the same
+    token again (equal tokens pass) and the data goes back to the older value."""
+    sim.campaign(0, "A")
+    a = sim.elected(0.1, "A", deadline=50)
+    sim.write(0.2, "A", a, deadline=50)
+    _, held = sim.write(0.3, "A", a, deadline=50, outcome=outcome, apply=False)
+    for i in range(later):
+        sim.write(0.4 + i / 10, "A", a, deadline=50)
+    sim.change(MARK, str(a).zfill(20))
+    sim.change(DATA, write_value(held or "", a), same=True)
+    return held or ""
+
+
+def test_write_applied_after_a_later_acknowledged_write_is_late() -> None:
+    """#17: an outcome-unknown write may apply late, but never after a later
+    acknowledged write of the same writer."""
+    sim = Sim()
+    held = _late_landing(sim)
+    result = check(sim.history(final=False))
+    assert kinds(result) == {"late-write"}, result.report()
+    assert result.stats["late_writes"] == 1 and result.stats["stale_accepted"] == 0
+    assert held in result.violations[0].message and "A#3" in result.violations[0].message
+    assert any(s.startswith("rev=") and held in s for s in result.slice)
+    # the final value is the late one: with etcd's history the ordering rule tells
+    # (the late change supersedes the last ack); from the final value alone, ack-lost
+    assert kinds(check(sim.history())) == {"late-write"}
+    assert kinds(check(sim.history(observed=False))) == {"ack-lost"}
+
+
+def test_unknown_write_applied_late_but_before_the_next_ack_is_fine() -> None:
+    sim = Sim()
+    sim.campaign(0, "A")
+    a = sim.elected(0.1, "A", deadline=5)
+    sim.write(0.2, "A", a, deadline=5)
+    _, held = sim.write(0.3, "A", a, deadline=5, outcome="unknown", apply=False)
+    sim.change(DATA, write_value(held or "", a))  # applied after its outcome was reported
+    sim.write(0.4, "A", a, deadline=5)
+    result = check(sim.history())
+    assert result.ok and result.stats["late_writes"] == 0, result.report()
+
+
+def test_late_write_is_per_writer_and_needs_a_later_write() -> None:
+    """Another contender's write, and writes still in flight at the end (no outcome
+    recorded), are not ordered against A's acknowledged writes."""
+    sim = Sim()
+    sim.campaign(0, "A")
+    a = sim.elected(0.1, "A", deadline=50)
+    sim.write(0.2, "A", a, deadline=50)
+    sim.ev(0.25, "B", "write", token=a, resource="res", key=DATA, write_id="B#1")
+    sim.ev(0.26, "A", "write", token=a, resource="res", key=DATA, write_id="A#9")
+    sim.write(0.3, "A", a, deadline=50)
+    sim.change(DATA, write_value("B#1", a))
+    sim.change(DATA, write_value("A#9", a))  # no outcome: still in flight
+    result = check(sim.history(final=False))
+    assert "late-write" not in kinds(result), result.report()
+
+
 def test_duplicate_term_token() -> None:
     sim = Sim()
     sim.campaign(0, "A")

@@ -28,6 +28,11 @@ What the checker asserts (each a :class:`Violation` ``kind``):
 ``ack-lost``
     Every acknowledged write is in the observed history at its revision and in the
     final state, unless a later write to the same key superseded it.
+``late-write``
+    Within a term too, writes are ordered: no write of a contender applied (as seen by
+    the observer) after a *later* acknowledged write of that contender to the same
+    resource — one sent after the first one's outcome came back. A write whose
+    outcome is unknown may apply at any later point, but never after that.
 ``term-token-duplicate`` / ``term-token-order``
     Each term's token is unique, and tokens increase with the start of the term
     (globally and per contender).
@@ -757,6 +762,7 @@ class _Checker:
                 self._index(self.layout, change)
         self.stale_attempted = 0
         self.stale_accepted = 0
+        self.late = 0
 
     def _index(self, layout: Layout, change: Change) -> None:
         kind = layout.classify(change.key)
@@ -788,6 +794,7 @@ class _Checker:
         self.token_regressions()
         self.stale_writes()
         self.acknowledged_writes()
+        self.late_writes()
         terms = build_terms(self.events)
         self.term_tokens(terms)
         if self.observed and self.history.observed_from is not None and self.layout:
@@ -803,6 +810,7 @@ class _Checker:
             "unknown": sum(1 for o in outcomes if o.kind == "unknown"),
             "stale_attempted": self.stale_attempted,
             "stale_accepted": self.stale_accepted,
+            "late_writes": self.late,
             "violations": len(self.violations),
         }
         window = _slice(self.violations, self.events, self.changes, context)
@@ -904,6 +912,53 @@ class _Checker:
                     f"{ack.revision}) is the last write, but the final value is {final!r}",
                     (write, ack),
                 )
+
+    def late_writes(self) -> None:
+        """No write of a contender applied after a later acknowledged write of that
+        contender to the same resource (later: sent after the first one's outcome).
+        Writes without a recorded outcome were still in flight when the run ended."""
+        if not self.observed:
+            return
+        acks: dict[tuple[str, str | None], list[tuple[float, int, Event]]] = {}
+        for ack in self.accepted:
+            write = self.writes.get(ack.write_id or "")
+            if write is not None and ack.revision is not None:
+                acks.setdefault((write.contender, write.resource), []).append(
+                    (write.t, ack.revision, ack)
+                )
+        # per writer: acknowledgements by send time, with the lowest revision among
+        # those sent at or after each position
+        index: dict[tuple[str, str | None], tuple[list[float], list[tuple[int, Event]]]] = {}
+        for writer, entries in acks.items():
+            entries.sort(key=lambda entry: entry[0])
+            lowest: list[tuple[int, Event]] = []
+            for _sent, revision, ack in reversed(entries):
+                if not lowest or revision < lowest[-1][0]:
+                    lowest.append((revision, ack))
+                else:
+                    lowest.append(lowest[-1])
+            lowest.reverse()
+            index[writer] = ([entry[0] for entry in entries], lowest)
+        for write_id, change in sorted(self.applied.items(), key=lambda item: item[1].revision):
+            write, outcome = self.writes.get(write_id), self.outcomes.get(write_id)
+            found = None if write is None else index.get((write.contender, write.resource))
+            if write is None or outcome is None or found is None:
+                continue
+            times, lowest = found
+            position = bisect.bisect_right(times, outcome.t)  # sent after the outcome
+            if position == len(times) or lowest[position][0] >= change.revision:
+                continue
+            revision, later = lowest[position]
+            self.late += 1
+            self.add(
+                "late-write",
+                f"{write.contender}'s write {write_id} to {write.resource!r} "
+                f"({outcome.kind} at t={outcome.t:.3f}) was applied at revision "
+                f"{change.revision}, after its later write {later.write_id} was acknowledged "
+                f"at revision {revision}",
+                (write, outcome, self.writes.get(later.write_id or ""), later),
+                (change,),
+            )
 
     def term_tokens(self, terms: list[Term]) -> None:
         """Each term's token is unique and increasing (per contender, and by start)."""
