@@ -72,6 +72,15 @@ class AsyncClient:
         return self._conn.timeout
 
     @property
+    def connection(self) -> AsyncConnection:
+        """The connection layer under this client: calls, streams, failover.
+
+        Internal: etcdfence's own sessions, guards and electors run on it; an
+        application uses the client's methods (and :meth:`on_call` to observe them).
+        """
+        return self._conn
+
+    @property
     def endpoint(self) -> str:
         """The endpoint requests go to now (it moves on when one fails)."""
         return str(self._conn.endpoint)

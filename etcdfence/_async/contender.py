@@ -53,7 +53,7 @@ class AsyncContender:
     def __init__(self, session: AsyncSession, name: str) -> None:
         self.name = validate_name(name)
         self._session = session
-        self._conn = session.client._conn
+        self._conn = session.connection
         self._prefix = contender_prefix(self.name).encode("utf-8")
         self._create_revision = 0
         self._token: FencingToken | None = None
@@ -100,7 +100,7 @@ class AsyncContender:
         self._claim()
         try:
             deadline = None if timeout is None else _compat.monotonic() + timeout
-            lease_id = await self._session._ensure_open()
+            lease_id = await self._session.lease()
             if self._stray is not None:
                 await self._withdraw(self._stray, None)
             my_key = contender_key(self.name, lease_id).encode("utf-8")
@@ -123,7 +123,7 @@ class AsyncContender:
                 )
                 response = await _compat.settle(enqueue)
             except LeaseNotFound:  # revoked or run out before the keepalive could tell us
-                self._session._expire("lease expired or revoked on the server")
+                self._session.lose("lease expired or revoked on the server")
                 raise SessionExpired(
                     f"{self._kind} {self.name!r}: the session's lease is gone"
                 ) from None
@@ -230,40 +230,39 @@ class AsyncContender:
         # Watch from *now*: etcd notifies such a watcher at once, while one that starts
         # in the past waits for etcd's catch-up loop (every 100 ms) under load.
         watch = AsyncWatch(self._conn, ahead.key)
-        self._session._waiters.append(watch)
         try:
-            self._session.check()  # an expiry/interrupt that landed before we registered
-            wait = self._conn.timeout
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - _compat.monotonic()))
-            try:
-                await watch.start(wait)
-            except EtcdUnavailable:  # not confirmed in time: re-read (or time out) instead
-                if deadline is not None and deadline <= _compat.monotonic():
-                    raise AcquireTimeout(
-                        f"{self._kind} {self.name!r} not acquired in time"
-                    ) from None
-                return
-            self._session.check()
-            # the key ahead may have gone between our read and the watch: look again
-            if watch.created_revision > read_revision and not await self._exists(ahead):
-                return
-            while True:
-                remaining = None if deadline is None else deadline - _compat.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise AcquireTimeout(f"{self._kind} {self.name!r} not acquired in time")
+            with self._session.waiting(watch):
+                self._session.check()  # an expiry/interrupt that landed before we registered
+                wait = self._conn.timeout
+                if deadline is not None:
+                    wait = min(wait, max(0.0, deadline - _compat.monotonic()))
                 try:
-                    batch = await watch.get(remaining)
-                except TimeoutError:
-                    raise AcquireTimeout(
-                        f"{self._kind} {self.name!r} not acquired in time"
-                    ) from None
-                except CompactedError:
-                    return  # the watch lost its place; the caller's re-read is the truth
-                if any(ev.type == "delete" for ev in batch.events):
+                    await watch.start(wait)
+                except EtcdUnavailable:  # not confirmed in time: re-read (or time out) instead
+                    if deadline is not None and deadline <= _compat.monotonic():
+                        raise AcquireTimeout(
+                            f"{self._kind} {self.name!r} not acquired in time"
+                        ) from None
                     return
+                self._session.check()
+                # the key ahead may have gone between our read and the watch: look again
+                if watch.created_revision > read_revision and not await self._exists(ahead):
+                    return
+                while True:
+                    remaining = None if deadline is None else deadline - _compat.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise AcquireTimeout(f"{self._kind} {self.name!r} not acquired in time")
+                    try:
+                        batch = await watch.get(remaining)
+                    except TimeoutError:
+                        raise AcquireTimeout(
+                            f"{self._kind} {self.name!r} not acquired in time"
+                        ) from None
+                    except CompactedError:
+                        return  # the watch lost its place; the caller's re-read is the truth
+                    if any(ev.type == "delete" for ev in batch.events):
+                        return
         finally:
-            self._session._waiters.remove(watch)
             await watch.close()
 
     async def _exists(self, kv: Any) -> bool:

@@ -213,7 +213,7 @@ class AsyncLeaderElector:
                 lost.set()
 
             session.on_expired(on_expired)
-            monitor = _TermMonitor(session.client._conn, token, lost, reason)
+            monitor = _TermMonitor(session.connection, token, lost, reason)
             self.token = token
             self.terms += 1
             try:
@@ -263,7 +263,7 @@ class AsyncLeaderElector:
         while not self._stop_requested.is_set():
             try:
                 async for leader in observe_leader(
-                    self._client._conn, self.name, self._stop_requested
+                    self._client.connection, self.name, self._stop_requested
                 ):
                     if self._stop_requested.is_set():
                         return

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
@@ -24,7 +25,7 @@ from .lock import AsyncLock
 
 if TYPE_CHECKING:
     from .client import AsyncClient
-    from .connection import EtcdStream
+    from .connection import AsyncConnection, EtcdStream
     from .watch import AsyncWatch
 
 
@@ -69,7 +70,7 @@ class AsyncSession:
             if not 0 <= margin < ttl:  # NaN fails this too
                 raise InvalidArgument(f"margin must be >= 0 and < ttl ({ttl}), got {margin!r}")
         self._client = client
-        self._conn = client._conn
+        self._conn = client.connection
         self._requested_ttl = ttl
         self._ttl = ttl
         self._margin = default_margin(ttl) if margin is None else float(margin)
@@ -148,11 +149,35 @@ class AsyncSession:
             )
             return self
 
-    async def _ensure_open(self) -> int:
+    # -- what locks and elections use (the session's whole internal surface) -------------
+
+    @property
+    def connection(self) -> AsyncConnection:
+        """The connection requests made for this session's locks and elections go to."""
+        return self._conn
+
+    async def lease(self) -> int:
+        """The open lease's id: grants it on first use, raises :class:`SessionExpired`
+        if the session can no longer be used (see :meth:`check`)."""
         if self._lease_id is None:
             await self.open()
         self.check()
         return self.lease_id
+
+    @contextlib.contextmanager
+    def waiting(self, watch: AsyncWatch) -> Iterator[None]:
+        """Mark ``watch`` as one a contender waits on: expiry and
+        :meth:`interrupt_waiters` reach it while the block runs."""
+        self._waiters.append(watch)
+        try:
+            yield
+        finally:
+            self._waiters.remove(watch)
+
+    def lose(self, reason: str) -> None:
+        """Declare the lease lost because of ``reason`` (etcd said it is gone): the
+        session expires now, with its callbacks, instead of at its deadline."""
+        self._expire(reason)
 
     def check(self) -> None:
         """Raise :class:`SessionExpired` if the session can no longer be used (or the

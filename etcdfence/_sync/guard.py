@@ -81,7 +81,7 @@ class FenceGuard:
         self.prefix = prefix
         self.require_owner = bool(require_owner)
         self._client = client
-        self._conn = client._conn
+        self._conn = client.connection
         self.key = fence_key(prefix, self.resource)
         self._reserved = to_bytes(prefix, "prefix")
         self._epochs = WriterEpochs()

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
@@ -25,7 +26,7 @@ from .lock import Lock
 
 if TYPE_CHECKING:
     from .client import Client
-    from .connection import EtcdStream
+    from .connection import Connection, EtcdStream
     from .watch import Watch
 
 
@@ -70,7 +71,7 @@ class Session:
             if not 0 <= margin < ttl:  # NaN fails this too
                 raise InvalidArgument(f"margin must be >= 0 and < ttl ({ttl}), got {margin!r}")
         self._client = client
-        self._conn = client._conn
+        self._conn = client.connection
         self._requested_ttl = ttl
         self._ttl = ttl
         self._margin = default_margin(ttl) if margin is None else float(margin)
@@ -149,11 +150,35 @@ class Session:
             )
             return self
 
-    def _ensure_open(self) -> int:
+    # -- what locks and elections use (the session's whole internal surface) -------------
+
+    @property
+    def connection(self) -> Connection:
+        """The connection requests made for this session's locks and elections go to."""
+        return self._conn
+
+    def lease(self) -> int:
+        """The open lease's id: grants it on first use, raises :class:`SessionExpired`
+        if the session can no longer be used (see :meth:`check`)."""
         if self._lease_id is None:
             self.open()
         self.check()
         return self.lease_id
+
+    @contextlib.contextmanager
+    def waiting(self, watch: Watch) -> Iterator[None]:
+        """Mark ``watch`` as one a contender waits on: expiry and
+        :meth:`interrupt_waiters` reach it while the block runs."""
+        self._waiters.append(watch)
+        try:
+            yield
+        finally:
+            self._waiters.remove(watch)
+
+    def lose(self, reason: str) -> None:
+        """Declare the lease lost because of ``reason`` (etcd said it is gone): the
+        session expires now, with its callbacks, instead of at its deadline."""
+        self._expire(reason)
 
     def check(self) -> None:
         """Raise :class:`SessionExpired` if the session can no longer be used (or the
