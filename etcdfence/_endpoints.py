@@ -9,7 +9,7 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .errors import InvalidArgument, InvalidType
+from .errors import InvalidArgumentError, InvalidTypeError
 
 
 @dataclass(frozen=True)
@@ -49,25 +49,27 @@ def _valid_host(host: str) -> bool:
 def parse_endpoint(text: object) -> Endpoint:
     """Parse ``http://h:p``, ``https://h:p`` or ``h:p`` (port defaults to 2379)."""
     if not isinstance(text, str):
-        raise InvalidType(f"endpoint must be str, got {type(text).__name__}")
+        raise InvalidTypeError(f"endpoint must be str, got {type(text).__name__}")
     raw = text.strip()
     if not raw:
-        raise InvalidArgument("endpoint must not be empty")
+        raise InvalidArgumentError("endpoint must not be empty")
     if "://" not in raw:
         raw = "http://" + raw
     try:
         parts = urlsplit(raw)
         port = parts.port
     except ValueError as exc:
-        raise InvalidArgument(f"malformed endpoint {text!r}: {exc}") from None
+        raise InvalidArgumentError(f"malformed endpoint {text!r}: {exc}") from None
     if parts.scheme not in ("http", "https"):
-        raise InvalidArgument(f"endpoint {text!r}: scheme must be http or https")
+        raise InvalidArgumentError(f"endpoint {text!r}: scheme must be http or https")
     if not parts.hostname:
-        raise InvalidArgument(f"endpoint {text!r} has no host")
+        raise InvalidArgumentError(f"endpoint {text!r} has no host")
     if not _valid_host(parts.hostname):
-        raise InvalidArgument(f"endpoint {text!r}: {parts.hostname!r} is not a host name or IP")
+        raise InvalidArgumentError(
+            f"endpoint {text!r}: {parts.hostname!r} is not a host name or IP"
+        )
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise InvalidArgument(f"endpoint {text!r} must be scheme://host:port only")
+        raise InvalidArgumentError(f"endpoint {text!r} must be scheme://host:port only")
     return Endpoint(parts.hostname, 2379 if port is None else port, parts.scheme == "https")
 
 
@@ -78,14 +80,14 @@ def parse_endpoints(endpoints: object) -> list[Endpoint]:
     elif isinstance(endpoints, (list, tuple)):
         items = list(endpoints)
     else:
-        raise InvalidType(
+        raise InvalidTypeError(
             f"endpoints must be a str or a list of str, got {type(endpoints).__name__}"
         )
     if not items:
-        raise InvalidArgument("at least one endpoint is required")
+        raise InvalidArgumentError("at least one endpoint is required")
     parsed = [parse_endpoint(e) for e in items]
     if len({e.tls for e in parsed}) > 1:
-        raise InvalidArgument("endpoints mix http and https; use one scheme for all")
+        raise InvalidArgumentError("endpoints mix http and https; use one scheme for all")
     return parsed
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import InvalidArgument, InvalidType
+from .errors import InvalidArgumentError, InvalidTypeError
 
 #: Width of the decimal high-water mark stored by FenceGuard. 20 digits hold any
 #: int64 revision, and zero padding makes byte order equal numeric order, which is
@@ -26,19 +26,19 @@ def validate_name(name: object, what: str = "name") -> str:
     produce ``name//<lease>`` keys that Go and etcdctl never use).
     """
     if not isinstance(name, str):
-        raise InvalidType(f"{what} must be str, got {type(name).__name__}")
+        raise InvalidTypeError(f"{what} must be str, got {type(name).__name__}")
     if not name or not name.strip():
-        raise InvalidArgument(f"{what} must not be empty")
+        raise InvalidArgumentError(f"{what} must not be empty")
     if name != name.strip():
-        raise InvalidArgument(f"{what} must not start or end with whitespace: {name!r}")
+        raise InvalidArgumentError(f"{what} must not start or end with whitespace: {name!r}")
     if name.endswith("/"):
-        raise InvalidArgument(f"{what} must not end with '/': {name!r}")
+        raise InvalidArgumentError(f"{what} must not end with '/': {name!r}")
     if "\x00" in name:
-        raise InvalidArgument(f"{what} must not contain NUL: {name!r}")
+        raise InvalidArgumentError(f"{what} must not contain NUL: {name!r}")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidArgument(f"{what} is not valid UTF-8 text: {name!r}") from None
+        raise InvalidArgumentError(f"{what} is not valid UTF-8 text: {name!r}") from None
     return name
 
 
@@ -47,9 +47,9 @@ def validate_timeout(timeout: object, what: str = "timeout") -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise InvalidType(f"{what} must be None or a number of seconds, got {timeout!r}")
+        raise InvalidTypeError(f"{what} must be None or a number of seconds, got {timeout!r}")
     if not math.isfinite(timeout) or timeout < 0:
-        raise InvalidArgument(f"{what} must be None or a finite number >= 0, got {timeout!r}")
+        raise InvalidArgumentError(f"{what} must be None or a finite number >= 0, got {timeout!r}")
     return float(timeout)
 
 
@@ -63,15 +63,15 @@ def to_bytes(data: object, what: str = "key") -> bytes:
         try:
             return data.encode("utf-8")
         except UnicodeEncodeError:
-            raise InvalidArgument(f"{what} is not valid UTF-8 text: {data!r}") from None
-    raise InvalidType(f"{what} must be str or bytes, got {type(data).__name__}")
+            raise InvalidArgumentError(f"{what} is not valid UTF-8 text: {data!r}") from None
+    raise InvalidTypeError(f"{what} must be str or bytes, got {type(data).__name__}")
 
 
 def to_key(key: object) -> bytes:
     """Encode a key and reject the empty key (etcd refuses it)."""
     raw = to_bytes(key, "key")
     if not raw:
-        raise InvalidArgument("key must not be empty")
+        raise InvalidArgumentError("key must not be empty")
     return raw
 
 
@@ -114,9 +114,9 @@ def encode_mark(value: int, epoch: int = 0) -> bytes:
     mark written by 0.1) sorts before the same token with any suffix.
     """
     if value < 0 or value >= 10**MARK_WIDTH:
-        raise InvalidArgument(f"mark out of range: {value}")
+        raise InvalidArgumentError(f"mark out of range: {value}")
     if epoch < 0 or epoch > MAX_EPOCH:
-        raise InvalidArgument(f"epoch out of range: {epoch}")
+        raise InvalidArgumentError(f"epoch out of range: {epoch}")
     text = str(value).zfill(MARK_WIDTH)
     if epoch:
         text += ":" + str(epoch).zfill(EPOCH_WIDTH)
@@ -128,7 +128,7 @@ def decode_mark_epoch(raw: bytes) -> tuple[int, int]:
     text = raw.decode("ascii", "replace").strip()
     token, sep, epoch = text.partition(":")
     if not token.isdigit() or (sep and not (epoch.isdigit() and len(epoch) == EPOCH_WIDTH)):
-        raise InvalidArgument(f"fence mark is not <token>[:<epoch>] in decimal: {raw!r}")
+        raise InvalidArgumentError(f"fence mark is not <token>[:<epoch>] in decimal: {raw!r}")
     return int(token), int(epoch) if sep else 0
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ._keys import encode_mark, prefix_range_end, to_bytes, to_key
 from ._wire import messages as m
-from .errors import InvalidArgument, InvalidType
+from .errors import InvalidArgumentError, InvalidTypeError
 
 
 @dataclass(frozen=True)
@@ -154,15 +154,15 @@ def user_ops(ops: object, reserved: bytes | None = None) -> list[Any]:
     to one resource must never move (or wipe) the mark of another, or its own.
     """
     if isinstance(ops, (Put, Delete)) or not isinstance(ops, (list, tuple)):
-        raise InvalidType("ops must be a list of etcdfence.Put / etcdfence.Delete")
+        raise InvalidTypeError("ops must be a list of etcdfence.Put / etcdfence.Delete")
     out = []
     for op in ops:
         if not isinstance(op, (Put, Delete)):
-            raise InvalidType(f"ops must be Put or Delete, got {type(op).__name__}")
+            raise InvalidTypeError(f"ops must be Put or Delete, got {type(op).__name__}")
         key = to_key(op.key)
         end = prefix_range_end(key) if isinstance(op, Delete) and op.prefix else key + b"\x00"
         if reserved is not None and _overlaps(key, end, reserved, prefix_range_end(reserved)):
-            raise InvalidArgument(
+            raise InvalidArgumentError(
                 f"ops must not touch fence marks: {key!r} is under (or its range overlaps) "
                 f"the fence prefix {reserved!r}"
             )

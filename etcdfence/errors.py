@@ -1,4 +1,27 @@
-"""The exceptions etcdfence raises. All share one root, :class:`EtcdfenceError`.
+"""The exceptions etcdfence raises. All share one root, :class:`EtcdfenceError`::
+
+    EtcdfenceError
+    ├── EtcdUnavailableError            no endpoint answered in time
+    │   ├── OutcomeUnknownError         a guarded write got no answer (see fence_off)
+    │   └── TLSError (+ AuthError)      the handshake failed, naming the cause
+    ├── EtcdRequestError                etcd refused the request
+    │   └── LeaseNotFoundError
+    ├── AuthError                       credentials or permissions
+    │   └── AuthTokenExpiredError       refreshed and retried by the client itself
+    ├── CompactedError                  a watch needs history etcd discarded
+    ├── SessionExpiredError             the lease is gone: locks and terms with it
+    ├── AcquireTimeoutError (+ TimeoutError)
+    ├── AlreadyHeldError (+ RuntimeError)
+    ├── NotOwnerError
+    │   └── NotLeaderError
+    ├── StaleTokenError                 the resource accepted a higher token
+    ├── TransactionInProgressError, TransactionAbortedError    (SQLFence)
+    ├── UnsupportedError, ConsistencyError
+    └── InvalidArgumentError (+ ValueError), InvalidTypeError (+ TypeError)
+        └── InvalidTokenError
+
+The names of 0.1 (``EtcdUnavailable``, ``SessionExpired``, ``AcquireTimeout``, ...)
+remain as aliases of the same classes.
 
 Catch :class:`EtcdfenceError` to handle anything this library raises; catch a
 subclass to react to one situation (a stale token, a lost session, ...). gRPC
@@ -15,7 +38,7 @@ class EtcdfenceError(Exception):
     """Root of every error etcdfence raises."""
 
 
-class EtcdUnavailable(EtcdfenceError):
+class EtcdUnavailableError(EtcdfenceError):
     """No etcd endpoint answered within the timeout (network down, cluster without quorum).
 
     The operation may or may not have taken effect if it was a write; etcdfence
@@ -23,10 +46,10 @@ class EtcdUnavailable(EtcdfenceError):
     """
 
 
-class OutcomeUnknown(EtcdUnavailable):
+class OutcomeUnknownError(EtcdUnavailableError):
     """A guarded write got no answer: it may have been applied, or may still apply later.
 
-    Raised by the guards instead of a plain :class:`EtcdUnavailable` (so existing
+    Raised by the guards instead of a plain :class:`EtcdUnavailableError` (so existing
     handlers still catch it). The guard has already moved this writer to a new
     *epoch*, so the lost attempt can never apply after any later write of this
     writer. ``fenced_off`` tells whether the guard also managed to raise the
@@ -54,8 +77,8 @@ class OutcomeUnknown(EtcdUnavailable):
 
 def _rebuild_outcome_unknown(
     message: str, resource: str, token: int, epoch: int, fenced_off: bool
-) -> OutcomeUnknown:
-    return OutcomeUnknown(
+) -> OutcomeUnknownError:
+    return OutcomeUnknownError(
         message, resource=resource, token=token, epoch=epoch, fenced_off=fenced_off
     )
 
@@ -64,7 +87,7 @@ class EtcdRequestError(EtcdfenceError):
     """etcd rejected a request (too large, invalid, too many operations in a txn, ...)."""
 
 
-class LeaseNotFound(EtcdRequestError):
+class LeaseNotFoundError(EtcdRequestError):
     """The lease does not exist (expired or revoked)."""
 
 
@@ -73,13 +96,13 @@ class AuthError(EtcdfenceError):
     certificate refused)."""
 
 
-class AuthTokenExpired(AuthError):
+class AuthTokenExpiredError(AuthError):
     """etcd no longer accepts the client's auth token (expired, or the auth store
     changed). The client gets a fresh one and repeats the request by itself; you see
     this only if that keeps failing."""
 
 
-class TLSError(EtcdUnavailable, AuthError):
+class TLSError(EtcdUnavailableError, AuthError):
     """The TLS handshake failed: wrong CA, expired or mismatched certificate, or a
     plaintext client talking to a TLS server (or the other way round)."""
 
@@ -95,17 +118,17 @@ class CompactedError(EtcdfenceError):
         self.compact_revision = compact_revision
 
 
-class SessionExpired(EtcdfenceError):
+class SessionExpiredError(EtcdfenceError):
     """The session's lease is gone (or its local deadline passed): every lock and
     leadership held through it is lost, and tokens from it must not be used."""
 
 
-class AcquireTimeout(EtcdfenceError, TimeoutError):
+class AcquireTimeoutError(EtcdfenceError, TimeoutError):
     """``acquire`` / ``campaign`` did not win within its timeout. Nothing is left
     queued behind: the contender's key has been deleted."""
 
 
-class AlreadyHeld(EtcdfenceError, RuntimeError):
+class AlreadyHeldError(EtcdfenceError, RuntimeError):
     """``acquire``/``campaign`` on a lock or election object that is already held, or
     being acquired, through the same session.
 
@@ -119,7 +142,7 @@ class NotOwnerError(EtcdfenceError):
     """The caller does not hold the lock (or leadership) it tried to use."""
 
 
-class NotLeader(NotOwnerError):
+class NotLeaderError(NotOwnerError):
     """``proclaim`` / ``resign`` on an election this contender does not lead."""
 
 
@@ -143,13 +166,52 @@ class StaleTokenError(EtcdfenceError):
         return (type(self), (self.resource, self.token, self.current))
 
 
-class InvalidArgument(EtcdfenceError, ValueError):
+class TransactionInProgressError(EtcdfenceError, RuntimeError):
+    """The connection has uncommitted work, so :class:`~etcdfence.sql.SQLFence` cannot
+    start its own transaction on it. Commit or roll back first; never call ``guarded``
+    from inside another ``guarded`` block on the same connection."""
+
+
+class TransactionAbortedError(EtcdfenceError, RuntimeError):
+    """A :meth:`~etcdfence.sql.SQLFence.guarded` block could not commit, so nothing of
+    it was committed (a statement inside it failed, even if the block caught the error,
+    or the database answered the COMMIT by rolling back). The mark did not move; the
+    error that failed the block is the ``__cause__``. Retry the whole block."""
+
+
+class UnsupportedError(EtcdfenceError, RuntimeError):
+    """Something etcdfence needs is missing here (e.g. an SQLite without upsert)."""
+
+
+class ConsistencyError(EtcdfenceError, RuntimeError):
+    """A resource answered in a way its own rules rule out (say, a mark below the one
+    just written). Nothing was committed; it points at a bug or a tampered resource."""
+
+
+class InvalidArgumentError(EtcdfenceError, ValueError):
     """A bad argument value: empty or malformed name, TTL < 1, bad endpoint, ..."""
 
 
-class InvalidType(EtcdfenceError, TypeError):
+class InvalidTypeError(EtcdfenceError, TypeError):
     """An argument of the wrong type: a key that is not str/bytes, a float token, ..."""
 
 
-class InvalidToken(InvalidArgument):
+class InvalidTokenError(InvalidArgumentError):
     """A fencing token that is not a positive int."""
+
+
+# -- the 0.1 names: still importable, the same classes ---------------------------------
+
+EtcdUnavailable = EtcdUnavailableError
+OutcomeUnknown = OutcomeUnknownError
+LeaseNotFound = LeaseNotFoundError
+AuthTokenExpired = AuthTokenExpiredError
+SessionExpired = SessionExpiredError
+AcquireTimeout = AcquireTimeoutError
+AlreadyHeld = AlreadyHeldError
+NotLeader = NotLeaderError
+InvalidArgument = InvalidArgumentError
+InvalidType = InvalidTypeError
+InvalidToken = InvalidTokenError
+TransactionInProgress = TransactionInProgressError
+TransactionAborted = TransactionAbortedError

@@ -70,11 +70,14 @@ from typing import Any, Literal
 from . import metrics
 from ._keys import validate_name
 from .errors import (
-    EtcdfenceError,
+    ConsistencyError,
     InvalidArgument,
     InvalidToken,
     OutcomeUnknown,
     StaleTokenError,
+    TransactionAbortedError,
+    TransactionInProgressError,
+    UnsupportedError,
 )
 from .token import MAX_TOKEN, FencingToken, coerce_token
 
@@ -134,22 +137,9 @@ _EXPLICIT = 1  # we sent BEGIN: end with COMMIT / ROLLBACK statements
 _IMPLICIT = 2  # the driver opens transactions itself: end with conn.commit() / rollback()
 
 
-class TransactionInProgress(EtcdfenceError, RuntimeError):
-    """The connection has uncommitted work, so :class:`SQLFence` cannot start its own
-    transaction on it. Commit or roll back first; never call ``guarded`` from inside
-    another ``guarded`` block on the same connection."""
-
-
-class TransactionAborted(EtcdfenceError, RuntimeError):
-    """A :meth:`SQLFence.guarded` block could not commit, so nothing of it was committed.
-
-    Raised when a statement inside the block failed even though the block caught the
-    error (PostgreSQL would silently turn the COMMIT into a ROLLBACK; MySQL and SQLite
-    would commit the statements that happened to succeed), or when the database
-    answered the COMMIT by rolling back. The mark did not move and none of the block's
-    writes landed; the error that failed the block is the ``__cause__``. Retry the
-    whole block if that makes sense; do not retry single statements inside it.
-    """
+# Defined in etcdfence.errors (one hierarchy); importable from here as in 0.1.
+TransactionInProgress = TransactionInProgressError
+TransactionAborted = TransactionAbortedError
 
 
 class SQLFence:
@@ -236,7 +226,7 @@ class SQLFence:
             raise InvalidArgument(f"unsupported DB-API paramstyle {paramstyle!r} of {module}")
         version = getattr(driver, "sqlite_version_info", None)
         if self._dialect == "sqlite" and version is not None and tuple(version) < (3, 24, 0):
-            raise EtcdfenceError(
+            raise UnsupportedError(
                 "SQLFence needs SQLite >= 3.24 (upsert); this Python links "
                 + ".".join(map(str, version))
             )
@@ -449,7 +439,7 @@ class SQLFence:
                 raise StaleTokenError(resource, token, mark[0])
             if mark[0] < token or mark[1] < epoch:  # the upsert leaves max(mark, ours)
                 self._rollback_quietly(ctl, kind)
-                raise EtcdfenceError(
+                raise ConsistencyError(
                     f"fence check for {resource!r} read mark {mark} below {(token, epoch)}"
                 )
             # Same term, higher epoch: a writer of this term fenced off. The rejection
@@ -458,7 +448,7 @@ class SQLFence:
             epoch = self._adopt(resource, token, mark[1])
             mark = self._check_and_advance(ctl, resource, token, epoch)
         self._rollback_quietly(ctl, kind)
-        raise EtcdfenceError(f"fence check for {resource!r} did not settle on an epoch")
+        raise ConsistencyError(f"fence check for {resource!r} did not settle on an epoch")
 
     def _finish(
         self, ctl: Any, kind: int, user: _GuardedCursor, resource: str, token: int, epoch: int
@@ -684,7 +674,7 @@ class SQLFence:
             cur.execute(sql.select, (resource,))
         row = cur.fetchone()
         if row is None:  # cannot happen: the upsert created or locked the row
-            raise EtcdfenceError(f"fence row for {resource!r} missing after upsert")
+            raise ConsistencyError(f"fence row for {resource!r} missing after upsert")
         return int(row[0]), int(row[1])
 
     def _probe(self, cur: Any, statement: str) -> bool:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .errors import InvalidToken
+from .errors import InvalidTokenError
 
 __all__ = [
     "ENV_VARS",
@@ -41,7 +41,7 @@ MAX_TOKEN = 2**63 - 1
 
 
 def coerce_token(token: object) -> int:
-    """Return the integer value of ``token`` or raise :class:`InvalidToken`.
+    """Return the integer value of ``token`` or raise :class:`InvalidTokenError`.
 
     Accepts a :class:`FencingToken` or a positive ``int`` (not ``bool``). Use it
     at every boundary where a token enters a write path.
@@ -49,13 +49,13 @@ def coerce_token(token: object) -> int:
     if isinstance(token, FencingToken):
         return token.value
     if isinstance(token, bool) or not isinstance(token, int):
-        raise InvalidToken(
+        raise InvalidTokenError(
             f"a fencing token must be a positive int or FencingToken, got {type(token).__name__}"
         )
     if token <= 0:
-        raise InvalidToken(f"a fencing token must be positive, got {token}")
+        raise InvalidTokenError(f"a fencing token must be positive, got {token}")
     if token > MAX_TOKEN:
-        raise InvalidToken(
+        raise InvalidTokenError(
             f"a fencing token must fit etcd's int64 revision range (<= {MAX_TOKEN}), got {token}"
         )
     return token
@@ -67,12 +67,12 @@ def parse_token(text: str | bytes) -> int:
         try:
             text = text.decode("ascii")
         except UnicodeDecodeError:
-            raise InvalidToken(f"fencing token is not ASCII: {text!r}") from None
+            raise InvalidTokenError(f"fencing token is not ASCII: {text!r}") from None
     if not isinstance(text, str):
-        raise InvalidToken(f"fencing token must be text, got {type(text).__name__}")
+        raise InvalidTokenError(f"fencing token must be text, got {type(text).__name__}")
     stripped = text.strip()
     if not stripped.isdigit() or not stripped.isascii():
-        raise InvalidToken(f"fencing token must be a positive decimal integer, got {text!r}")
+        raise InvalidTokenError(f"fencing token must be a positive decimal integer, got {text!r}")
     return coerce_token(int(stripped))
 
 
@@ -116,7 +116,7 @@ class FencingToken:
         ``ETCD_LOCK_REV`` (what ``etcdctl lock NAME -- cmd`` sets). ``ETCD_LOCK_KEY``
         / ``ETCDFENCE_KEY`` fill in ``key`` when present.
 
-        Raises :class:`InvalidToken` when neither is set or the value is malformed.
+        Raises :class:`InvalidTokenError` when neither is set or the value is malformed.
         """
         env = os.environ if environ is None else environ
         for name in ENV_VARS:
@@ -124,7 +124,9 @@ class FencingToken:
             if raw is not None and raw != "":
                 key = env.get("ETCDFENCE_KEY") or env.get("ETCD_LOCK_KEY") or None
                 return cls(parse_token(raw), key=key)
-        raise InvalidToken(f"no fencing token in the environment (looked at {', '.join(ENV_VARS)})")
+        raise InvalidTokenError(
+            f"no fencing token in the environment (looked at {', '.join(ENV_VARS)})"
+        )
 
     def to_env(self) -> dict[str, str]:
         """Variables a child process needs so that :meth:`from_env` finds this token."""
@@ -135,9 +137,9 @@ class FencingToken:
 
     @classmethod
     def from_header(cls, value: str | bytes | None) -> FencingToken:
-        """Parse an HTTP ``Fencing-Token`` header value (raises :class:`InvalidToken`)."""
+        """Parse an HTTP ``Fencing-Token`` header value (raises :class:`InvalidTokenError`)."""
         if value is None:
-            raise InvalidToken(f"missing {HEADER} header")
+            raise InvalidTokenError(f"missing {HEADER} header")
         return cls(parse_token(value))
 
     def to_header(self) -> tuple[str, str]:
@@ -151,7 +153,7 @@ class FencingToken:
             for k, v in metadata.items():
                 if k.lower() == METADATA_KEY:
                     return cls(parse_token(v))
-        raise InvalidToken(f"no {METADATA_KEY!r} entry in message metadata")
+        raise InvalidTokenError(f"no {METADATA_KEY!r} entry in message metadata")
 
     def to_metadata(self) -> dict[str, str]:
         """Metadata to attach to a message: ``{"fencing-token": "1234"}``."""

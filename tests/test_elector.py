@@ -71,7 +71,7 @@ async def test_run_calls_work_with_the_token_and_stop_resigns(
         await poll(lambda: "work" in kinds(events), what="work to start")
         token = events[0][1]
         assert events == [("elected", token), ("work", token)]
-        assert isinstance(token, ef.FencingToken) and el.is_leader and el.token == token
+        assert isinstance(token, ef.FencingToken) and el.is_leader() and el.token == token
         leader = await api(api.client.leader, name)
         assert (leader.key, leader.value) == (token.key, b"node-a")
         assert token.value >= leader.create_revision == token.create_revision
@@ -80,7 +80,7 @@ async def test_run_calls_work_with_the_token_and_stop_resigns(
     finally:
         el.stop()
     assert events == [("elected", token), ("work", token), ("ended", token, True), ("lost",)]
-    assert not el.is_leader and el.token is None
+    assert not el.is_leader() and el.token is None
     assert await api(api.client.leader, name) is None  # resigned
     assert await keys_under(api, name) == []
 

@@ -241,7 +241,7 @@ async def test_compaction_and_reconnect_keep_a_healthy_leader(
             await _compact_now(api)
             await asyncio.sleep(1.0)
             assert lost == [] and len(elected) == 1, (lost, elected)
-            assert elector.is_leader
+            assert elector.is_leader()
             # a real change of the key still ends the term
             await api(api.client.delete, elector.token.key)
             await poll(lambda: lost, what="the term to end after the key was deleted")
@@ -294,7 +294,7 @@ async def test_started_watch_delivers_every_later_put(api: Api, etcd_namespace: 
                 seen.extend(ev.kv.value for ev in batch.events)
             assert seen == [str(i).encode() for i in range(10)]
         finally:
-            await api(watch.close)
+            await api.close(watch)
         await api(api.client.delete, key)
 
 
@@ -373,7 +373,7 @@ async def test_raising_on_elected_ends_the_term_cleanly(api: Api, etcd_namespace
     with pytest.raises(RuntimeError, match="callback bug"):
         await api(elector.run, work)
     assert ran == [], "work must not run when on_elected failed"
-    assert not elector.is_leader and elector.token is None
+    assert not elector.is_leader() and elector.token is None
     assert await api(api.client.leader, name) is None, "leadership must be resigned"
 
 

@@ -416,7 +416,7 @@ def test_revoked_role_makes_the_elector_step_down(secure: SecureEtcd, root: ef.C
 
             wait_until(lambda: lost_at, 3, "the elector steps down")
             assert lost_at[0] - revoked_at < 2.0
-            assert stops[0].is_set() and not elector.is_leader
+            assert stops[0].is_set() and not elector.is_leader()
             assert refused, "the refused write ended the term"
             assert "permission denied" in str(refused[0])
             assert "needs readwrite on its mark '/etcdfence/fence/rev-a/res'" in str(refused[0])
@@ -473,12 +473,12 @@ async def test_revoked_role_idle_leader_steps_down_when_its_watch_reconnects(
             )
             task = asyncio.create_task(elector.run(work))
             try:
-                await eventually(lambda: elector.is_leader, 5, "elected")
+                await eventually(lambda: elector.is_leader(), 5, "elected")
                 await asyncio.to_thread(secure.etcdctl, "user", "revoke-role", "rev-b", "rev-b")
                 await asyncio.sleep(TOKEN_TTL + 1.2)  # the token expires too (1 s granularity)
                 proxy.reset()
                 await asyncio.wait_for(lost.wait(), 3)
-                assert cancelled.is_set() and not elector.is_leader
+                assert cancelled.is_set() and not elector.is_leader()
                 await asyncio.sleep(0.5)
                 assert len(elected) == 1, "no new term while the role is revoked"
             finally:

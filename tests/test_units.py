@@ -220,3 +220,28 @@ def test_sync_and_async_share_names() -> None:
         sync_api = {n for n in vars(sync_cls) if not n.startswith("_")}
         async_api = {n.replace("aclose", "close") for n in vars(async_cls) if not n.startswith("_")}
         assert sync_api == async_api, name
+
+
+def test_elector_is_leader_is_a_method_and_refuses_bool_use() -> None:
+    client = ef.Client("127.0.0.1:1")
+    try:
+        elector = ef.LeaderElector(client, "svc", identity="a")
+        assert elector.is_leader() is False
+        with pytest.raises(TypeError, match="is_leader()"):
+            bool(elector.is_leader)  # 0.1's property style must not be silently true
+    finally:
+        client.close()
+
+
+def test_0_1_error_names_are_the_same_classes() -> None:
+    assert ef.SessionExpired is ef.SessionExpiredError
+    assert ef.EtcdUnavailable is ef.EtcdUnavailableError
+    assert ef.AcquireTimeout is ef.AcquireTimeoutError
+    assert issubclass(ef.OutcomeUnknownError, ef.EtcdUnavailable)
+    from etcdfence.sql import TransactionInProgress
+
+    assert TransactionInProgress is ef.TransactionInProgressError
+    errors = [getattr(ef, n) for n in ef.__all__ if isinstance(getattr(ef, n), type)]
+    for cls in errors:
+        if issubclass(cls, BaseException) and cls.__name__ != "TLSError":
+            assert cls.__name__.endswith("Error"), cls

@@ -10,7 +10,7 @@ and a pointer to the endpoint in use. Every unary call goes through
 * an idempotent call (reads, the lease-keyed acquire txn, guarded deletes,
   keepalive) is retried with tenacity until the timeout;
 * a write whose outcome is unknown is never resent: it raises
-  :class:`EtcdUnavailable` and the caller resolves it by re-reading;
+  :class:`EtcdUnavailableError` and the caller resolves it by re-reading;
 * an expired auth token is refreshed and the call repeated (etcd rejected it
   before applying anything).
 """
@@ -41,11 +41,11 @@ from .._wire.errors import (
     translate,
 )
 from ..errors import (
-    AuthTokenExpired,
+    AuthTokenExpiredError,
     EtcdfenceError,
-    EtcdUnavailable,
-    InvalidArgument,
-    InvalidType,
+    EtcdUnavailableError,
+    InvalidArgumentError,
+    InvalidTypeError,
     TLSError,
 )
 from ..types import CallRecord
@@ -80,7 +80,7 @@ def _read_file(path: str | None, what: str) -> bytes | None:
         with open(path, "rb") as fh:
             return fh.read()
     except OSError as exc:
-        raise InvalidArgument(f"cannot read {what} {path!r}: {exc.strerror}") from None
+        raise InvalidArgumentError(f"cannot read {what} {path!r}: {exc.strerror}") from None
 
 
 class AsyncConnection:
@@ -99,17 +99,17 @@ class AsyncConnection:
         server_name: str | None,
     ) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise InvalidType(f"timeout must be a number of seconds, got {timeout!r}")
+            raise InvalidTypeError(f"timeout must be a number of seconds, got {timeout!r}")
         if not math.isfinite(timeout) or timeout <= 0:
-            raise InvalidArgument(
+            raise InvalidArgumentError(
                 f"timeout must be a positive, finite number of seconds, got {timeout!r}"
             )
         if (username is None) != (password is None):
-            raise InvalidArgument("username and password must be given together")
+            raise InvalidArgumentError("username and password must be given together")
         if username is not None and (not isinstance(username, str) or not username):
-            raise InvalidType("username must be a non-empty str")
+            raise InvalidTypeError("username must be a non-empty str")
         if (cert_file is None) != (key_file is None):
-            raise InvalidArgument("cert_file and key_file must be given together")
+            raise InvalidArgumentError("cert_file and key_file must be given together")
         self.endpoints: list[Endpoint] = parse_endpoints(endpoints)
         self.timeout = float(timeout)
         self._username = username
@@ -161,7 +161,7 @@ class AsyncConnection:
         channel = self._channels.get(index)
         if channel is None:
             if self._closed:
-                raise EtcdUnavailable("the client is closed")
+                raise EtcdUnavailableError("the client is closed")
             target = self.endpoints[index].target
             channel = _compat.new_channel(target, self._credentials, self._options)
             self._channels[index] = channel
@@ -214,7 +214,8 @@ class AsyncConnection:
         if channel is not None:
             await _compat.close_channel(channel)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
+        """Close every channel; nothing reconnects afterwards."""
         self._closed = True
         channels = list(self._channels.values())
         self._channels.clear()
@@ -304,7 +305,7 @@ class AsyncConnection:
         remaining = deadline - _compat.monotonic()
         index = self._current
         if remaining <= 0:
-            raise EtcdUnavailable(
+            raise EtcdUnavailableError(
                 f"no etcd endpoint answered within {self.timeout}s "
                 f"(tried {', '.join(map(str, self.endpoints))})"
                 + ("" if last is None else f"; last error: {last}")
@@ -326,28 +327,28 @@ class AsyncConnection:
             if self._channels.get(index) is channel or not _compat.still_wanted():
                 raise  # the caller itself was cancelled
             # fail_over() closed the channel under this call: the endpoint stopped answering
-            abandoned = EtcdUnavailable(
+            abandoned = EtcdUnavailableError(
                 f"etcd at {self.endpoints[index]} stopped answering (failed over)"
             )
             if idempotent:
                 raise _Retry(abandoned) from None
-            raise EtcdUnavailable(
+            raise EtcdUnavailableError(
                 f"{abandoned} — the {method} may or may not have been applied; "
                 "re-read before retrying"
             ) from None
         except grpc.RpcError as err:
             error = self._translate(err, self.endpoints[index])
-            if isinstance(error, AuthTokenExpired) and self._username is not None:
+            if isinstance(error, AuthTokenExpiredError) and self._username is not None:
                 await self._authenticate(token)
                 raise _Retry(error) from None
             if isinstance(error, TLSError):
                 raise error from None
-            if isinstance(error, EtcdUnavailable):
+            if isinstance(error, EtcdUnavailableError):
                 await self._explain_plaintext(err, index)
                 self.rotate(index)
                 if idempotent or never_sent(err):
                     raise _Retry(error) from None
-                raise EtcdUnavailable(
+                raise EtcdUnavailableError(
                     f"{error} — the {method} may or may not have been applied; "
                     "re-read before retrying"
                 ) from None
@@ -427,12 +428,12 @@ class AsyncConnection:
         error to report. ``endpoint`` is the index the stream was opened on
         (:attr:`EtcdStream.endpoint`): only that endpoint is left, never a healthy one
         another caller already moved to."""
-        if isinstance(error, AuthTokenExpired) and self._username is not None:
+        if isinstance(error, AuthTokenExpiredError) and self._username is not None:
             try:
                 await self._authenticate(self._token)
             except EtcdfenceError as auth_err:
                 return auth_err
-        if isinstance(error, EtcdUnavailable) and not isinstance(error, TLSError):
+        if isinstance(error, EtcdUnavailableError) and not isinstance(error, TLSError):
             self.rotate(endpoint)
         return error
 

@@ -20,11 +20,11 @@ from ..epochs import WriterEpochs
 from ..errors import (
     AuthError,
     EtcdfenceError,
-    EtcdUnavailable,
-    InvalidArgument,
-    InvalidType,
+    EtcdUnavailableError,
+    InvalidArgumentError,
+    InvalidTypeError,
     NotOwnerError,
-    OutcomeUnknown,
+    OutcomeUnknownError,
     StaleTokenError,
     TLSError,
 )
@@ -57,7 +57,7 @@ class AsyncFenceGuard:
     cancellation) moves this writer to the next epoch before the error reaches you,
     so the lost attempt can never apply after a later write of this writer — even if
     its bytes reach etcd much later. The guard also tries to *fence it off* at once
-    (raise the mark's epoch); :class:`OutcomeUnknown` says whether that worked. If
+    (raise the mark's epoch); :class:`OutcomeUnknownError` says whether that worked. If
     not, call :meth:`fence_off` — it returns only once the attempt can no longer
     apply — then re-read and decide. Writers of one term in other objects or
     processes adopt a higher epoch of their token when they meet it, and retry.
@@ -76,7 +76,7 @@ class AsyncFenceGuard:
     ) -> None:
         self.resource = validate_name(resource, "resource")
         if not isinstance(prefix, str) or not prefix:
-            raise InvalidArgument("prefix must be a non-empty str")
+            raise InvalidArgumentError("prefix must be a non-empty str")
         self.prefix = prefix
         self.require_owner = bool(require_owner)
         self._client = client
@@ -94,7 +94,7 @@ class AsyncFenceGuard:
         """Apply ``ops`` atomically if ``token`` is not stale; return the revision.
 
         Raises :class:`StaleTokenError` (nothing written) when the resource already
-        accepted a higher token, and :class:`OutcomeUnknown` when no answer came back
+        accepted a higher token, and :class:`OutcomeUnknownError` when no answer came back
         (see the class docstring: never resend blindly; :meth:`fence_off` first).
         """
         value = coerce_token(token)
@@ -127,7 +127,7 @@ class AsyncFenceGuard:
             metrics.fence_accepted(self.resource, value, elapsed, "etcd")
             revision: int = response.header.revision
             return revision
-        raise OutcomeUnknown(
+        raise OutcomeUnknownError(
             f"writers of token {value} on {self.resource!r} keep raising the epoch; "
             "nothing was written",
             resource=self.resource,
@@ -140,7 +140,7 @@ class AsyncFenceGuard:
         if not self.require_owner:
             return None
         if not isinstance(token, FencingToken) or token.key is None or not token.create_revision:
-            raise InvalidType(
+            raise InvalidTypeError(
                 "require_owner=True needs a FencingToken from a lock or election "
                 "(with key and create_revision)"
             )
@@ -164,10 +164,10 @@ class AsyncFenceGuard:
             raise AuthError(f"{err}; {self._needs(ops, owner)}") from None
         except TLSError:
             raise  # refused at the handshake: nothing was sent
-        except EtcdUnavailable as err:
+        except EtcdUnavailableError as err:
             next_epoch = self._epochs.bump(value, epoch)
             fenced = await self._quick_fence_off(value, next_epoch)
-            raise OutcomeUnknown(
+            raise OutcomeUnknownError(
                 f"guarded write to {self.resource!r} (token {value}, epoch {epoch}) got no "
                 f"answer: {err}. This writer moved to epoch {next_epoch}; the attempt "
                 + (
@@ -217,7 +217,7 @@ class AsyncFenceGuard:
 
         Raises the mark to ``(token, epoch + 1)`` (idempotent, retried until the
         client's timeout). After it returns, a re-read of the guarded data is final:
-        use it after :class:`OutcomeUnknown` whose ``fenced_off`` is False, or before
+        use it after :class:`OutcomeUnknownError` whose ``fenced_off`` is False, or before
         deciding anything from data a lost write may have touched. Raises
         :class:`StaleTokenError` if a higher token owns the resource now (every
         attempt of ours is then rejected anyway).

@@ -22,8 +22,8 @@ class AsyncLock(AsyncContender):
     async def acquire(self, timeout: float | None = None) -> FencingToken:
         """Wait for the lock (forever, or ``timeout`` seconds) and return its token.
 
-        Raises :class:`AcquireTimeout` (our queued key is removed) or
-        :class:`SessionExpired` (the session's lease was lost while waiting).
+        Raises :class:`AcquireTimeoutError` (our queued key is removed) or
+        :class:`SessionExpiredError` (the session's lease was lost while waiting).
         """
         return await self._contend(b"", timeout)
 

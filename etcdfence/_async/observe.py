@@ -89,4 +89,4 @@ async def observe_leader(
         except CompactedError as err:
             log.info("etcdfence.observe_resync", election=name, error=str(err))
         finally:
-            await watch.close()
+            await watch.aclose()

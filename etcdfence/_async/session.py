@@ -13,11 +13,12 @@ from .._log import log
 from .._wire import messages as m
 from ..errors import (
     EtcdfenceError,
-    EtcdUnavailable,
-    InvalidArgument,
-    InvalidType,
-    LeaseNotFound,
-    SessionExpired,
+    EtcdRequestError,
+    EtcdUnavailableError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LeaseNotFoundError,
+    SessionExpiredError,
 )
 from . import _compat
 from .election import AsyncElection
@@ -52,7 +53,7 @@ class AsyncSession:
     because the network is cut, etcd has no quorum, or this process was frozen —
     the session declares itself expired *before* anyone else can take over:
     ``expired`` turns true, ``on_expired`` callbacks run once, waiting acquires
-    raise :class:`SessionExpired`, and so does every later operation.
+    raise :class:`SessionExpiredError`, and so does every later operation.
 
     Get one from :meth:`AsyncClient.session` and use ``async with``; ``aclose()``
     revokes the lease (locks are released at once), ``orphan()`` stops the
@@ -61,14 +62,16 @@ class AsyncSession:
 
     def __init__(self, client: AsyncClient, ttl: int = 60, *, margin: float | None = None) -> None:
         if isinstance(ttl, bool) or not isinstance(ttl, int):
-            raise InvalidType(f"ttl must be an int number of seconds, got {type(ttl).__name__}")
+            raise InvalidTypeError(
+                f"ttl must be an int number of seconds, got {type(ttl).__name__}"
+            )
         if not 1 <= ttl <= MAX_LEASE_TTL:
-            raise InvalidArgument(f"ttl must be 1..{MAX_LEASE_TTL} seconds, got {ttl}")
+            raise InvalidArgumentError(f"ttl must be 1..{MAX_LEASE_TTL} seconds, got {ttl}")
         if margin is not None:
             if isinstance(margin, bool) or not isinstance(margin, (int, float)):
-                raise InvalidType(f"margin must be a number of seconds, got {margin!r}")
+                raise InvalidTypeError(f"margin must be a number of seconds, got {margin!r}")
             if not 0 <= margin < ttl:  # NaN fails this too
-                raise InvalidArgument(f"margin must be >= 0 and < ttl ({ttl}), got {margin!r}")
+                raise InvalidArgumentError(f"margin must be >= 0 and < ttl ({ttl}), got {margin!r}")
         self._client = client
         self._conn = client.connection
         self._requested_ttl = ttl
@@ -96,7 +99,9 @@ class AsyncSession:
     def lease_id(self) -> int:
         """The lease id (after the session was opened)."""
         if self._lease_id is None:
-            raise SessionExpired("the session is not open yet: use it in a with block or open() it")
+            raise SessionExpiredError(
+                "the session is not open yet: use it in a with block or open() it"
+            )
         return self._lease_id
 
     @property
@@ -131,13 +136,13 @@ class AsyncSession:
             if self._lease_id is not None:
                 return self
             if self._expired.is_set():
-                raise SessionExpired("the session was closed")
+                raise SessionExpiredError("the session was closed")
             sent = _compat.monotonic()
             response = await self._conn.call(
                 "LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl)
             )
             if response.error:
-                raise EtcdfenceError(f"etcd refused the lease: {response.error}")
+                raise EtcdRequestError(f"etcd refused the lease: {response.error}")
             self._ttl = int(response.TTL)
             self._deadline = sent + self._ttl - self._margin
             self._lease_id = int(response.ID)
@@ -157,7 +162,7 @@ class AsyncSession:
         return self._conn
 
     async def lease(self) -> int:
-        """The open lease's id: grants it on first use, raises :class:`SessionExpired`
+        """The open lease's id: grants it on first use, raises :class:`SessionExpiredError`
         if the session can no longer be used (see :meth:`check`)."""
         if self._lease_id is None:
             await self.open()
@@ -180,15 +185,15 @@ class AsyncSession:
         self._expire(reason)
 
     def check(self) -> None:
-        """Raise :class:`SessionExpired` if the session can no longer be used (or the
+        """Raise :class:`SessionExpiredError` if the session can no longer be used (or the
         error given to :meth:`interrupt_waiters`)."""
         if self._interrupted is not None:
             raise self._interrupted
         if self._expired.is_set():
-            raise SessionExpired(f"session expired: {self._expiry_reason}")
+            raise SessionExpiredError(f"session expired: {self._expiry_reason}")
         if self._lease_id is not None and _compat.monotonic() >= self._deadline:
             self._expire("local deadline passed")
-            raise SessionExpired(f"session expired: {self._expiry_reason}")
+            raise SessionExpiredError(f"session expired: {self._expiry_reason}")
 
     async def aclose(self) -> None:
         """Revoke the lease (releasing every lock and leadership at once) and stop."""
@@ -204,7 +209,7 @@ class AsyncSession:
                     timeout=min(self._conn.timeout, float(self._ttl)),
                     idempotent=True,
                 )
-            except LeaseNotFound:
+            except LeaseNotFoundError:
                 pass
             except EtcdfenceError as err:
                 # The lease runs out by itself within the TTL.
@@ -265,7 +270,7 @@ class AsyncSession:
             self._closing.set()
             with_callbacks = list(self._callbacks) if notify else []
             self._callbacks.clear()
-        error = SessionExpired(f"session expired: {reason}")
+        error = SessionExpiredError(f"session expired: {reason}")
         for waiter in list(self._waiters):
             waiter.interrupt(error)
         for callback in with_callbacks:
@@ -328,12 +333,12 @@ class AsyncSession:
                     response = await stream.read(timeout=patience)
                 except TimeoutError:
                     await self._conn.fail_over(stream.endpoint)
-                    raise EtcdUnavailable(
+                    raise EtcdUnavailableError(
                         f"no keepalive answer from {self._conn.endpoints[stream.endpoint]} "
                         f"within {patience:.2f}s"
                     ) from None
                 if response is None:
-                    raise EtcdUnavailable("etcd closed the keepalive stream")
+                    raise EtcdUnavailableError("etcd closed the keepalive stream")
                 if response.TTL <= 0:
                     self._expire("lease expired or revoked on the server")
                     return
@@ -365,7 +370,7 @@ class AsyncSession:
             existing = kind(self, name)
             self._contenders[name] = existing
         elif not isinstance(existing, kind):
-            raise InvalidArgument(
+            raise InvalidArgumentError(
                 f"{name!r} is already used as a {type(existing).__name__} in this session"
             )
         return existing

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._wire import messages as m
-from ..errors import AuthError, CompactedError, EtcdfenceError, EtcdUnavailable, TLSError
+from ..errors import AuthError, CompactedError, EtcdfenceError, EtcdUnavailableError, TLSError
 from ..types import KeyValue, WatchBatch, WatchEvent
 from . import _compat
 from .connection import AsyncConnection, EtcdStream
@@ -38,7 +38,7 @@ def _batch(response: Any) -> WatchBatch:
 class AsyncWatch:
     """Iterate :class:`WatchBatch` es for a key (``range_end`` empty) or a range.
 
-    Create it with :meth:`AsyncClient.watch`; ``close()`` it (or use it as a
+    Create it with :meth:`AsyncClient.watch`; ``aclose()`` it (or use it as a
     context manager) when done. ``get(timeout)`` waits for the next batch.
     """
 
@@ -71,15 +71,15 @@ class AsyncWatch:
         ``start()`` returns is delivered (and, with ``start_revision``, every change
         from that revision on).
 
-        Raises :class:`EtcdUnavailable` (and closes the watch) if etcd did not confirm
+        Raises :class:`EtcdUnavailableError` (and closes the watch) if etcd did not confirm
         it within ``timeout`` (default: the client's timeout).
         """
         if self._worker is None:
             self._worker = _compat.Background(self._run, name=f"etcdfence-watch-{self._key!r}")
         wait = self._conn.timeout if timeout is None else timeout
         if not await _compat.wait_event(self._created, wait):
-            await self.close()
-            raise EtcdUnavailable(
+            await self.aclose()
+            raise EtcdUnavailableError(
                 f"watch on {self._key!r} was not confirmed by etcd within {wait:g}s"
             )
         return self
@@ -123,7 +123,7 @@ class AsyncWatch:
             while not self._stop.is_set():
                 response = await stream.read()
                 if response is None:
-                    raise EtcdUnavailable("etcd ended the watch stream")
+                    raise EtcdUnavailableError("etcd ended the watch stream")
                 self._handle(response)
         finally:
             self._stream = None
@@ -139,7 +139,7 @@ class AsyncWatch:
             reason = response.cancel_reason or "watch canceled by etcd"
             if any(hint in reason for hint in _AUTH_CANCEL):
                 raise AuthError(f"watch on {self._key!r} refused: {reason}")
-            raise EtcdUnavailable(f"watch on {self._key!r} canceled: {reason}")
+            raise EtcdUnavailableError(f"watch on {self._key!r} canceled: {reason}")
         if response.created:
             self._auth_retried = False
             if not self._created.is_set():
@@ -172,7 +172,7 @@ class AsyncWatch:
                     return False
             return True
         if self._conn.closed:  # nothing reconnects: end instead of waiting forever
-            raise EtcdUnavailable(f"watch on {self._key!r} ended: the client is closed")
+            raise EtcdUnavailableError(f"watch on {self._key!r} ended: the client is closed")
         return isinstance(error, CompactedError)
 
     async def get(self, timeout: float | None = None) -> WatchBatch:
@@ -194,7 +194,7 @@ class AsyncWatch:
     async def __anext__(self) -> WatchBatch:
         return await self.get()
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Stop watching (cancels the stream)."""
         if self._closed:
             return
@@ -212,4 +212,4 @@ class AsyncWatch:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.aclose()

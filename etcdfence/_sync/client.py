@@ -16,7 +16,7 @@ from .._keys import (
 )
 from .._txn import range_request
 from .._wire import messages as m
-from ..errors import InvalidArgument, InvalidType
+from ..errors import InvalidArgumentError, InvalidTypeError
 from ..types import CallRecord, KeyValue, Leader
 from .connection import Connection
 from .guard import FenceGuard
@@ -278,15 +278,15 @@ class Client:
 
 def _revision(revision: object) -> int:
     if isinstance(revision, bool) or not isinstance(revision, int):
-        raise InvalidType(f"revision must be int, got {type(revision).__name__}")
+        raise InvalidTypeError(f"revision must be int, got {type(revision).__name__}")
     if revision < 0:
-        raise InvalidArgument(f"revision must be >= 0, got {revision}")
+        raise InvalidArgumentError(f"revision must be >= 0, got {revision}")
     return revision
 
 
 def _lease(lease_id: object) -> int:
     if isinstance(lease_id, bool) or not isinstance(lease_id, int):
-        raise InvalidType(f"lease_id must be int, got {type(lease_id).__name__}")
+        raise InvalidTypeError(f"lease_id must be int, got {type(lease_id).__name__}")
     if lease_id < 0:
-        raise InvalidArgument(f"lease_id must be >= 0, got {lease_id}")
+        raise InvalidArgumentError(f"lease_id must be >= 0, got {lease_id}")
     return lease_id

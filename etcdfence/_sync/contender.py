@@ -10,7 +10,7 @@ The protocol is etcd's own (Go ``concurrency.Mutex``/``Election``, etcdctl):
    revision below ours) to be deleted — one watch, no thundering herd — and
    re-check with one read-only txn of our own key and the key now ahead.
 3. If our key is gone the session expired while queued: raise
-   :class:`SessionExpired` (Go's ``Election.Campaign`` misses this and can
+   :class:`SessionExpiredError` (Go's ``Election.Campaign`` misses this and can
    report a phantom leadership). When our key exists and none is ahead, we own
    it, and that read's header revision is the token.
 
@@ -18,7 +18,7 @@ Giving up (timeout, cancellation, interruption, an error or a lost reply) delete
 our key, guarded by its create revision so a late delete never removes a newer
 incarnation; when the create revision is unknown (the enqueue's reply was lost),
 the key is read first. An object is one contender: acquiring it while it is held
-or being acquired raises :class:`AlreadyHeld`.
+or being acquired raises :class:`AlreadyHeldError`.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from .. import _txn
 from .._keys import contender_key, contender_prefix, validate_name, validate_timeout
 from .._log import log
 from ..errors import (
-    AcquireTimeout,
-    AlreadyHeld,
+    AcquireTimeoutError,
+    AlreadyHeldError,
     CompactedError,
     EtcdfenceError,
-    EtcdUnavailable,
-    LeaseNotFound,
-    SessionExpired,
+    EtcdUnavailableError,
+    LeaseNotFoundError,
+    SessionExpiredError,
 )
 from ..token import FencingToken
 from . import _compat
@@ -81,7 +81,7 @@ class Contender:
     def _claim(self) -> None:
         with self._state_lock:
             if self._state is not None:
-                raise AlreadyHeld(
+                raise AlreadyHeldError(
                     f"{self._kind} {self.name!r} is already {self._state} through this session; "
                     "a session is one contender per name: use one session per concurrent "
                     "contender"
@@ -123,9 +123,9 @@ class Contender:
                     )
                 )
                 response = _compat.settle(enqueue)
-            except LeaseNotFound:  # revoked or run out before the keepalive could tell us
+            except LeaseNotFoundError:  # revoked or run out before the keepalive could tell us
                 self._session.lose("lease expired or revoked on the server")
-                raise SessionExpired(
+                raise SessionExpiredError(
                     f"{self._kind} {self.name!r}: the session's lease is gone"
                 ) from None
             if response.succeeded:
@@ -133,7 +133,9 @@ class Contender:
             else:
                 mine = response.responses[0].response_range.kvs
                 if not mine:  # cannot happen within one txn; be explicit rather than guess
-                    raise SessionExpired(f"{self._kind} key {my_key!r} vanished during acquire")
+                    raise SessionExpiredError(
+                        f"{self._kind} key {my_key!r} vanished during acquire"
+                    )
                 my_rev = int(mine[0].create_revision)
                 if mine[0].value != value:
                     self._conn.call(
@@ -204,7 +206,7 @@ class Contender:
 
         Every read also re-reads our own key (same txn, no extra round trip): once it is
         gone — lease expired or revoked, key deleted — we stop at once with
-        :class:`SessionExpired` instead of queueing on for a turn that never comes.
+        :class:`SessionExpiredError` instead of queueing on for a turn that never comes.
         """
         while True:
             self._session.check()
@@ -213,7 +215,7 @@ class Contender:
             )
             mine = read.responses[0].response_range.kvs
             if not mine or mine[0].create_revision != my_rev:
-                raise SessionExpired(
+                raise SessionExpiredError(
                     f"{self._kind} key {my_key.decode()} is gone: the session expired while "
                     "waiting, so no ownership is granted"
                 )
@@ -222,12 +224,12 @@ class Contender:
                 revision: int = read.header.revision  # ours exists, nobody ahead: we own it
                 return revision
             if deadline is not None and deadline <= _compat.monotonic():
-                raise AcquireTimeout(f"{self._kind} {self.name!r} not acquired in time")
+                raise AcquireTimeoutError(f"{self._kind} {self.name!r} not acquired in time")
             self._wait_gone(ahead[0], read.header.revision, deadline)
 
     def _wait_gone(self, ahead: Any, read_revision: int, deadline: float | None) -> None:
         """Return once the key ahead may be gone (deleted, or history compacted: the
-        caller re-reads either way); :class:`AcquireTimeout` at ``deadline``."""
+        caller re-reads either way); :class:`AcquireTimeoutError` at ``deadline``."""
         # Watch from *now*: etcd notifies such a watcher at once, while one that starts
         # in the past waits for etcd's catch-up loop (every 100 ms) under load.
         watch = Watch(self._conn, ahead.key)
@@ -239,9 +241,9 @@ class Contender:
                     wait = min(wait, max(0.0, deadline - _compat.monotonic()))
                 try:
                     watch.start(wait)
-                except EtcdUnavailable:  # not confirmed in time: re-read (or time out) instead
+                except EtcdUnavailableError:  # not confirmed in time: re-read (or time out) instead
                     if deadline is not None and deadline <= _compat.monotonic():
-                        raise AcquireTimeout(
+                        raise AcquireTimeoutError(
                             f"{self._kind} {self.name!r} not acquired in time"
                         ) from None
                     return
@@ -252,11 +254,13 @@ class Contender:
                 while True:
                     remaining = None if deadline is None else deadline - _compat.monotonic()
                     if remaining is not None and remaining <= 0:
-                        raise AcquireTimeout(f"{self._kind} {self.name!r} not acquired in time")
+                        raise AcquireTimeoutError(
+                            f"{self._kind} {self.name!r} not acquired in time"
+                        )
                     try:
                         batch = watch.get(remaining)
                     except TimeoutError:
-                        raise AcquireTimeout(
+                        raise AcquireTimeoutError(
                             f"{self._kind} {self.name!r} not acquired in time"
                         ) from None
                     except CompactedError:
@@ -289,7 +293,7 @@ class Contender:
         if self._stray is not None:  # a failed acquire left a key we could not withdraw
             stray = self._stray
             if not self._withdraw(stray, None):
-                raise EtcdUnavailable(
+                raise EtcdUnavailableError(
                     f"could not withdraw {stray.decode('utf-8', 'replace')}: etcd unreachable"
                 )
         if not rev or token is None or token.key is None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from .. import _txn
 from .._keys import to_bytes
-from ..errors import NotLeader
+from ..errors import NotLeaderError
 from ..token import FencingToken
 from ..types import Leader
 from .contender import Contender
@@ -28,21 +28,21 @@ class Election(Contender):
     def campaign(self, value: str | bytes, timeout: float | None = None) -> FencingToken:
         """Become leader advertising ``value``; returns the term's fencing token.
 
-        Raises :class:`AcquireTimeout` after ``timeout`` seconds (our candidacy is
-        withdrawn) or :class:`SessionExpired` if the session died while waiting.
+        Raises :class:`AcquireTimeoutError` after ``timeout`` seconds (our candidacy is
+        withdrawn) or :class:`SessionExpiredError` if the session died while waiting.
         """
         return self._contend(to_bytes(value, "value"), timeout)
 
     def proclaim(self, value: str | bytes) -> int:
         """Change the leader's advertised value without a new election.
 
-        Raises :class:`NotLeader` if this candidate does not lead (any more).
+        Raises :class:`NotLeaderError` if this candidate does not lead (any more).
         Returns the revision of the update.
         """
         raw = to_bytes(value, "value")
         token = self._token
         if token is None or token.key is None:
-            raise NotLeader(f"not the leader of {self.name!r}: campaign first")
+            raise NotLeaderError(f"not the leader of {self.name!r}: campaign first")
         self._session.check()
         response = self._conn.call(
             "Txn",
@@ -54,7 +54,7 @@ class Election(Contender):
         if not response.succeeded:
             self._token = None
             self._create_revision = 0
-            raise NotLeader(f"leadership of {self.name!r} was lost (key gone)")
+            raise NotLeaderError(f"leadership of {self.name!r} was lost (key gone)")
         revision: int = response.header.revision
         return revision
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _txn, metrics
 from .._keys import to_bytes, validate_name
 from .._log import log
-from ..errors import CompactedError, EtcdfenceError, InvalidArgument, InvalidType
+from ..errors import CompactedError, EtcdfenceError, InvalidArgumentError, InvalidTypeError
 from ..token import FencingToken
 from ..types import Leader
 from . import _compat
@@ -26,6 +26,22 @@ if TYPE_CHECKING:
 
 class _Stopped(EtcdfenceError):
     """Internal: ``stop()`` interrupted a campaign."""
+
+
+class _Predicate:
+    """A no-argument method result that refuses to be used as a bool itself."""
+
+    __slots__ = ("_check", "_name")
+
+    def __init__(self, check: Callable[[], bool], name: str) -> None:
+        self._check = check
+        self._name = name
+
+    def __call__(self) -> bool:
+        return self._check()
+
+    def __bool__(self) -> bool:
+        raise TypeError(f"{self._name} is a method: call {self._name}()")
 
 
 class _TermMonitor:
@@ -127,14 +143,16 @@ class LeaderElector:
     ) -> None:
         self.name = validate_name(name)
         if not isinstance(identity, str):
-            raise InvalidType(f"identity must be str, got {type(identity).__name__}")
+            raise InvalidTypeError(f"identity must be str, got {type(identity).__name__}")
         if not identity or "\x00" in identity:
-            raise InvalidArgument("identity must be a non-empty str without NUL")
+            raise InvalidArgumentError("identity must be a non-empty str without NUL")
         to_bytes(identity, "identity")  # a lone surrogate is refused now, not at campaign
         if isinstance(retry_interval, bool) or not isinstance(retry_interval, (int, float)):
-            raise InvalidType(f"retry_interval must be a number, got {retry_interval!r}")
+            raise InvalidTypeError(f"retry_interval must be a number, got {retry_interval!r}")
         if not math.isfinite(retry_interval) or retry_interval < 0:
-            raise InvalidArgument(f"retry_interval must be finite and >= 0, got {retry_interval}")
+            raise InvalidArgumentError(
+                f"retry_interval must be finite and >= 0, got {retry_interval}"
+            )
         self.identity = identity
         self._client = client
         self._ttl = ttl
@@ -153,9 +171,14 @@ class LeaderElector:
         client.session(ttl, margin=margin)  # validates ttl/margin now, not on first run
 
     @property
-    def is_leader(self) -> bool:
-        """Whether this elector currently believes it leads (a term is running)."""
-        return self.token is not None
+    def is_leader(self) -> _Predicate:
+        """``is_leader()``: whether this elector believes it leads now (a term is running).
+
+        A method, like :meth:`Election.is_leader` (there it asks etcd; here it is
+        the local belief, no I/O). Written as 0.1's property (``if elector.is_leader:``)
+        it raises :class:`TypeError` instead of being silently always true.
+        """
+        return _Predicate(lambda: self.token is not None, "is_leader")
 
     def stop(self) -> None:
         """End ``run()``: stop the work, resign, return. Safe from any thread."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._wire import messages as m
-from ..errors import AuthError, CompactedError, EtcdfenceError, EtcdUnavailable, TLSError
+from ..errors import AuthError, CompactedError, EtcdfenceError, EtcdUnavailableError, TLSError
 from ..types import KeyValue, WatchBatch, WatchEvent
 from . import _compat
 from .connection import Connection, EtcdStream
@@ -72,7 +72,7 @@ class Watch:
         ``start()`` returns is delivered (and, with ``start_revision``, every change
         from that revision on).
 
-        Raises :class:`EtcdUnavailable` (and closes the watch) if etcd did not confirm
+        Raises :class:`EtcdUnavailableError` (and closes the watch) if etcd did not confirm
         it within ``timeout`` (default: the client's timeout).
         """
         if self._worker is None:
@@ -80,7 +80,7 @@ class Watch:
         wait = self._conn.timeout if timeout is None else timeout
         if not _compat.wait_event(self._created, wait):
             self.close()
-            raise EtcdUnavailable(
+            raise EtcdUnavailableError(
                 f"watch on {self._key!r} was not confirmed by etcd within {wait:g}s"
             )
         return self
@@ -124,7 +124,7 @@ class Watch:
             while not self._stop.is_set():
                 response = stream.read()
                 if response is None:
-                    raise EtcdUnavailable("etcd ended the watch stream")
+                    raise EtcdUnavailableError("etcd ended the watch stream")
                 self._handle(response)
         finally:
             self._stream = None
@@ -140,7 +140,7 @@ class Watch:
             reason = response.cancel_reason or "watch canceled by etcd"
             if any(hint in reason for hint in _AUTH_CANCEL):
                 raise AuthError(f"watch on {self._key!r} refused: {reason}")
-            raise EtcdUnavailable(f"watch on {self._key!r} canceled: {reason}")
+            raise EtcdUnavailableError(f"watch on {self._key!r} canceled: {reason}")
         if response.created:
             self._auth_retried = False
             if not self._created.is_set():
@@ -173,7 +173,7 @@ class Watch:
                     return False
             return True
         if self._conn.closed:  # nothing reconnects: end instead of waiting forever
-            raise EtcdUnavailable(f"watch on {self._key!r} ended: the client is closed")
+            raise EtcdUnavailableError(f"watch on {self._key!r} ended: the client is closed")
         return isinstance(error, CompactedError)
 
     def get(self, timeout: float | None = None) -> WatchBatch:

@@ -9,12 +9,12 @@ import grpc
 
 from ..errors import (
     AuthError,
-    AuthTokenExpired,
+    AuthTokenExpiredError,
     CompactedError,
     EtcdfenceError,
     EtcdRequestError,
-    EtcdUnavailable,
-    LeaseNotFound,
+    EtcdUnavailableError,
+    LeaseNotFoundError,
     TLSError,
 )
 
@@ -160,22 +160,22 @@ def _tls_cause(low: str, describe_cert: Callable[[], str] | None) -> str:
 #: wording), in the order they are matched, and the error a caller can act on.
 #: Matched as substrings of the gRPC status details, lower-cased.
 ETCD_ERRORS: tuple[tuple[str, type[EtcdfenceError]], ...] = (
-    ("etcdserver: invalid auth token", AuthTokenExpired),
-    ("etcdserver: revision of auth store is old", AuthTokenExpired),
-    ("auth: revision in header is old", AuthTokenExpired),
+    ("etcdserver: invalid auth token", AuthTokenExpiredError),
+    ("etcdserver: revision of auth store is old", AuthTokenExpiredError),
+    ("auth: revision in header is old", AuthTokenExpiredError),
     ("etcdserver: permission denied", AuthError),
     ("etcdserver: authentication failed", AuthError),
     ("etcdserver: user name is empty", AuthError),
     ("etcdserver: user name not found", AuthError),
     ("etcdserver: authentication is not enabled", AuthError),
     ("etcdserver: mvcc: required revision has been compacted", CompactedError),
-    ("etcdserver: requested lease not found", LeaseNotFound),
-    ("etcdserver: no leader", EtcdUnavailable),
-    ("etcdserver: not leader", EtcdUnavailable),
-    ("etcdserver: leader changed", EtcdUnavailable),
-    ("etcdserver: request timed out", EtcdUnavailable),
-    ("etcdserver: unhealthy cluster", EtcdUnavailable),
-    ("etcdserver: too many requests", EtcdUnavailable),
+    ("etcdserver: requested lease not found", LeaseNotFoundError),
+    ("etcdserver: no leader", EtcdUnavailableError),
+    ("etcdserver: not leader", EtcdUnavailableError),
+    ("etcdserver: leader changed", EtcdUnavailableError),
+    ("etcdserver: request timed out", EtcdUnavailableError),
+    ("etcdserver: unhealthy cluster", EtcdUnavailableError),
+    ("etcdserver: too many requests", EtcdUnavailableError),
     ("etcdserver: request is too large", EtcdRequestError),
     ("etcdserver: too many operations in txn request", EtcdRequestError),
     ("etcdserver: duplicate key given in txn request", EtcdRequestError),
@@ -232,18 +232,18 @@ def translate(
         return kind(f"{where} refused the credentials: {details}")
     if kind is CompactedError:
         return CompactedError(f"{where}: {details}", 0)
-    if kind is EtcdUnavailable:
-        return EtcdUnavailable(f"{where} cannot serve the request now: {details}")
+    if kind is EtcdUnavailableError:
+        return EtcdUnavailableError(f"{where} cannot serve the request now: {details}")
     if kind is not None:
         return kind(f"{where} rejected the request: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return EtcdUnavailable(f"{where} did not answer within {timeout}s ({details})")
+        return EtcdUnavailableError(f"{where} did not answer within {timeout}s ({details})")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        return EtcdUnavailable(f"{where} is unavailable: {details}")
+        return EtcdUnavailableError(f"{where} is unavailable: {details}")
     if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) and any(
         h in low for h in _TRANSPORT_HINTS
     ):
-        return EtcdUnavailable(f"the connection to {where} broke: {details}")
+        return EtcdUnavailableError(f"the connection to {where} broke: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return EtcdRequestError(f"request too large or rate-limited by {where}: {details}")
     return EtcdRequestError(f"{where} rejected the request ({code.name}): {details}")
