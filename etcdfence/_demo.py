@@ -119,97 +119,119 @@ def contender_main(argv: list[str]) -> int:
         wrapper_class=structlog.make_filtering_bound_logger(40),  # errors only, on stderr
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
     )
-    client = Client(args.endpoints, timeout=3.0)
-    guard = client.fence(args.resource)
-    report = _Reporter(args.identity, sys.stdout, guard.current)
-    commands: queue.Queue[str] = queue.Queue()
-    version = [0]
-    quitting = threading.Event()
+    return _Contender(args).main()
 
-    def write(token: FencingToken, stop: threading.Event) -> bool:
-        version[0] += 1
-        body = json.dumps({"writer": args.identity, "token": token.value, "version": version[0]})
+
+class _Contender:
+    """The contender process's state: its elector, the fence, the commands from stdin."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.client = Client(args.endpoints, timeout=3.0)
+        self.guard = self.client.fence(args.resource)
+        self.report = _Reporter(args.identity, sys.stdout, self.guard.current)
+        self.commands: queue.Queue[str] = queue.Queue()
+        self.version = 0
+        self.quitting = threading.Event()
+        self.elector = LeaderElector(
+            self.client,
+            args.election,
+            identity=args.identity,
+            ttl=args.ttl,
+            on_elected=lambda token: self.report("elected", token=token.value, key=token.key),
+            on_lost=lambda: self.report("resigned" if self.quitting.is_set() else "lost"),
+            on_leader_change=self._on_leader_change,
+            retry_interval=0.5,
+        )
+
+    def main(self) -> int:
+        """Campaign in a thread; pass stdin's commands to it until ``quit`` or EOF."""
+
+        def on_term(signum: int, frame: Any) -> None:
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, on_term)
+        self.report("started", pid=os.getpid(), ttl=self.args.ttl)
+        worker = threading.Thread(target=self._run_elector, name="elector", daemon=True)
+        worker.start()
+        self.report("campaigning", election=self.args.election)
         try:
-            revision = guard.put(token, args.config_key, body)
+            for line in sys.stdin:
+                command = line.strip()
+                if command == "quit":
+                    break
+                self.commands.put(command)
+        finally:
+            self._shut_down(worker)
+        return 0
+
+    def _shut_down(self, worker: threading.Thread) -> None:
+        self.quitting.set()
+        self.commands.put("quit")
+        deadline = time.monotonic() + 3.0
+        while worker.is_alive() and time.monotonic() < deadline:
+            self.elector.stop()  # repeated: a stop() racing a campaign start can be missed
+            worker.join(0.1)
+        self.report("exit")
+        self.client.close()
+
+    def _run_elector(self) -> None:
+        try:
+            self.elector.run(self.work)
+        except BaseException as exc:  # reported, then the process ends
+            self.report("crashed", error=f"{type(exc).__name__}: {exc}")
+
+    def _on_leader_change(self, leader: Leader | None) -> None:
+        self.report(
+            "sees", leader=None if leader is None else leader.value.decode("utf-8", "replace")
+        )
+
+    def work(self, token: FencingToken, stop: threading.Event) -> None:
+        """One term: write once, then write whenever told, until the term or we end."""
+        if not self.write(token, stop):
+            return
+        while True:
+            command = self._next_command(stop)
+            if command is None or command == "quit":
+                return
+            if command == "write":
+                self.report("deciding", version=self.version + 1, token=token.value, believes=True)
+                # A real process would compute the new config here. If it is paused now
+                # it resumes right here, and writes without looking again.
+                if self.commands.get() != "go" or not self.write(token, stop):
+                    return
+
+    def _next_command(self, stop: threading.Event) -> str | None:
+        """The next command from stdin, or None once the term ended (``stop`` set)."""
+        while True:
+            try:
+                return self.commands.get(timeout=0.05)
+            except queue.Empty:
+                if stop.is_set():
+                    return None
+
+    def write(self, token: FencingToken, stop: threading.Event) -> bool:
+        """Write the next config version through the fence; report what became of it."""
+        self.version += 1
+        version, report = self.version, self.report
+        body = json.dumps({"writer": self.args.identity, "token": token.value, "version": version})
+        try:
+            revision = self.guard.put(token, self.args.config_key, body)
         except StaleTokenError as exc:
             report(
                 "write",
                 result="rejected",
-                version=version[0],
+                version=version,
                 token=token.value,
                 current=exc.current,
                 elector_noticed=stop.is_set(),
             )
             return False
         except EtcdfenceError as exc:  # not the story's point, but never hide it
-            report("write", result="error", version=version[0], token=token.value, error=str(exc))
+            report("write", result="error", version=version, token=token.value, error=str(exc))
             return False
-        report("write", result="accepted", version=version[0], token=token.value, revision=revision)
+        report("write", result="accepted", version=version, token=token.value, revision=revision)
         return True
-
-    def work(token: FencingToken, stop: threading.Event) -> None:
-        if not write(token, stop):
-            return
-        while True:
-            try:
-                command = commands.get(timeout=0.05)
-            except queue.Empty:
-                if stop.is_set():
-                    return
-                continue
-            if command == "quit":
-                return
-            if command == "write":
-                report("deciding", version=version[0] + 1, token=token.value, believes=True)
-                # A real process would compute the new config here. If it is paused now
-                # it resumes right here, and writes without looking again.
-                if commands.get() != "go" or not write(token, stop):
-                    return
-
-    def on_leader_change(leader: Leader | None) -> None:
-        report("sees", leader=None if leader is None else leader.value.decode("utf-8", "replace"))
-
-    elector = LeaderElector(
-        client,
-        args.election,
-        identity=args.identity,
-        ttl=args.ttl,
-        on_elected=lambda token: report("elected", token=token.value, key=token.key),
-        on_lost=lambda: report("resigned" if quitting.is_set() else "lost"),
-        on_leader_change=on_leader_change,
-        retry_interval=0.5,
-    )
-
-    def run_elector() -> None:
-        try:
-            elector.run(work)
-        except BaseException as exc:  # reported, then the process ends
-            report("crashed", error=f"{type(exc).__name__}: {exc}")
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, on_term)
-    report("started", pid=os.getpid(), ttl=args.ttl)
-    worker = threading.Thread(target=run_elector, name="elector", daemon=True)
-    worker.start()
-    report("campaigning", election=args.election)
-    try:
-        for line in sys.stdin:
-            command = line.strip()
-            if command == "quit":
-                break
-            commands.put(command)
-    finally:
-        quitting.set()
-        commands.put("quit")
-        deadline = time.monotonic() + 3.0
-        while worker.is_alive() and time.monotonic() < deadline:
-            elector.stop()  # repeated: a stop() racing a campaign start can be missed
-            worker.join(0.1)
-        report("exit")
-        client.close()
-    return 0
 
 
 # ==========================================================================================
@@ -357,57 +379,69 @@ class _Demo:
                 self.show(self.nodes[name], record)
 
     def show(self, node: _Node, record: dict[str, Any]) -> None:
-        event = record.get("event")
-        at = record.get("t")
-        text: str | None = None
-        if event == "started":
-            node.belief = "-"
-            text = f"process started (pid {record['pid']}, lease ttl {record['ttl']}s)"
-        elif event == "campaigning":
-            node.belief = "candidate"
-            text = f"campaigns for {record['election']!r}"
-        elif event == "sees":
-            leader = record.get("leader")
-            if node.token is None and leader != node.name:
-                node.belief = f"follower({leader})" if leader else "candidate"
-                text = f"sees leader: {leader}" if leader else "sees: nobody leads"
-        elif event == "elected":
-            node.token = int(record["token"])
-            node.belief = f"LEADER({node.token})"
-            text = f"elected leader, fencing token {node.token}"
-        elif event == "deciding":
-            text = (
-                f"decides to write config v{record['version']} "
-                f"(believes it leads, token {record['token']})"
-            )
-        elif event == "write" and record.get("result") == "accepted":
-            self.story.accepted.append((node.name, int(record["token"])))
-            text = f"writes config v{record['version']} with token {record['token']} -> accepted"
-        elif event == "write" and record.get("result") == "error":
-            text = f"write of config v{record['version']} FAILED: {record.get('error')}"
-        elif event == "write":
-            self.story.rejected.append((node.name, int(record["token"]), int(record["current"])))
-            text = (
-                f"writes config v{record['version']}, token {record['token']}"
-                f" -> REJECTED: stale, mark is {record['current']}"
-            )
-        elif event == "lost":
-            node.token = None
-            node.belief = "stepped-down"
-            text = "notices it lost leadership: stops working, campaigns again"
-        elif event == "resigned":
-            node.token = None
-            node.belief = "resigned"
-            text = "resigns (demo over)"
-        elif event == "crashed":
-            text = f"crashed: {record.get('error')}"
-        elif event == "exit":
-            node.exited = True
-            node.belief = "exited"
-            text = "exits"
+        """Print a contender's report as a timeline row, updating what it believes."""
+        describe = _DESCRIBE.get(str(record.get("event")))
+        text = describe(self, node, record) if describe is not None else None
         if text is not None:
             mark = record.get("mark")
-            self.line(node.name, text, at, mark if isinstance(mark, int) else None)
+            self.line(node.name, text, record.get("t"), mark if isinstance(mark, int) else None)
+
+    def _started(self, node: _Node, record: dict[str, Any]) -> str | None:
+        node.belief = "-"
+        return f"process started (pid {record['pid']}, lease ttl {record['ttl']}s)"
+
+    def _campaigning(self, node: _Node, record: dict[str, Any]) -> str | None:
+        node.belief = "candidate"
+        return f"campaigns for {record['election']!r}"
+
+    def _sees(self, node: _Node, record: dict[str, Any]) -> str | None:
+        leader = record.get("leader")
+        if node.token is not None or leader == node.name:
+            return None  # a leader seeing itself: its "elected" row says it
+        node.belief = f"follower({leader})" if leader else "candidate"
+        return f"sees leader: {leader}" if leader else "sees: nobody leads"
+
+    def _elected(self, node: _Node, record: dict[str, Any]) -> str | None:
+        node.token = int(record["token"])
+        node.belief = f"LEADER({node.token})"
+        return f"elected leader, fencing token {node.token}"
+
+    def _deciding(self, node: _Node, record: dict[str, Any]) -> str | None:
+        return (
+            f"decides to write config v{record['version']} "
+            f"(believes it leads, token {record['token']})"
+        )
+
+    def _write(self, node: _Node, record: dict[str, Any]) -> str | None:
+        result = record.get("result")
+        if result == "accepted":
+            self.story.accepted.append((node.name, int(record["token"])))
+            return f"writes config v{record['version']} with token {record['token']} -> accepted"
+        if result == "error":
+            return f"write of config v{record['version']} FAILED: {record.get('error')}"
+        self.story.rejected.append((node.name, int(record["token"]), int(record["current"])))
+        return (
+            f"writes config v{record['version']}, token {record['token']}"
+            f" -> REJECTED: stale, mark is {record['current']}"
+        )
+
+    def _lost(self, node: _Node, record: dict[str, Any]) -> str | None:
+        node.token = None
+        node.belief = "stepped-down"
+        return "notices it lost leadership: stops working, campaigns again"
+
+    def _resigned(self, node: _Node, record: dict[str, Any]) -> str | None:
+        node.token = None
+        node.belief = "resigned"
+        return "resigns (demo over)"
+
+    def _crashed(self, node: _Node, record: dict[str, Any]) -> str | None:
+        return f"crashed: {record.get('error')}"
+
+    def _exit(self, node: _Node, record: dict[str, Any]) -> str | None:
+        node.exited = True
+        node.belief = "exited"
+        return "exits"
 
     def _stderr_tail(self, node: _Node) -> str:
         with contextlib.suppress(OSError, ValueError):
@@ -538,6 +572,22 @@ class _Demo:
             for stream in (proc.stdin, proc.stdout, node.stderr):
                 with contextlib.suppress(OSError, AttributeError):
                     stream.close()  # type: ignore[union-attr]
+
+
+#: A contender's report -> the method that updates the node and words its timeline row
+#: (None: no row). Events not listed here are not shown.
+_DESCRIBE: dict[str, Callable[[_Demo, _Node, dict[str, Any]], str | None]] = {
+    "started": _Demo._started,
+    "campaigning": _Demo._campaigning,
+    "sees": _Demo._sees,
+    "elected": _Demo._elected,
+    "deciding": _Demo._deciding,
+    "write": _Demo._write,
+    "lost": _Demo._lost,
+    "resigned": _Demo._resigned,
+    "crashed": _Demo._crashed,
+    "exit": _Demo._exit,
+}
 
 
 def run_demo(*, ttl: int = 2, out: IO[str] | None = None) -> int:

@@ -159,12 +159,9 @@ def _write(fd: int, line: str) -> None:
         os.write(fd, line.encode("ascii", "replace") + b"\n")
 
 
-def main(argv: Sequence[str]) -> None:
-    args = list(argv)
-    cut = args.index("--")
-    control_fd, status_fd = int(args[0]), int(args[1])
-    flags, command = set(args[2:cut]), args[cut + 1 :]
-
+def _lead_group(flags: set[str]) -> int:
+    """Become the leader of a new process group (or session), immune to the stop
+    signals sent to the group, woken by SIGCHLD; returns the group id (our pid)."""
     if "--session" in flags:
         os.setsid()
     else:
@@ -173,9 +170,6 @@ def main(argv: Sequence[str]) -> None:
     for signum in _IGNORED_IN_REAPER:
         # A Python handler, not SIG_IGN: the command must not inherit an ignored signal.
         signal.signal(signum, lambda *_: None)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     if "--foreground" in flags:  # lock from a terminal: Ctrl-C goes to the command's group
@@ -185,6 +179,12 @@ def main(argv: Sequence[str]) -> None:
                 os.tcsetpgrp(0, me)
             finally:
                 signal.signal(signal.SIGTTOU, previous)
+    return me
+
+
+def _start(command: list[str], status_fd: int, me: int) -> subprocess.Popen[bytes]:
+    """Start the command in our group and report ``started PID`` (or ``error ...`` and
+    exit 127/126 as a shell would)."""
 
     def in_child() -> None:
         # Dies with the reaper, e.g. if the OOM killer picks the reaper. If the reaper
@@ -200,7 +200,15 @@ def main(argv: Sequence[str]) -> None:
         _write(status_fd, f"error {exc.errno or 0} {exc.strerror or exc}")
         os._exit(code)
     _write(status_fd, f"started {child.pid}")
+    return child
 
+
+def _watch(child: subprocess.Popen[bytes], control_fd: int, status_fd: int, me: int) -> int:
+    """Until the command and everything left in the group exited (its return code), or
+    the supervisor died (then kill everything: does not return)."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
     poller = select.poll()
     poller.register(control_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     poller.register(wake_r, select.POLLIN)
@@ -212,7 +220,7 @@ def main(argv: Sequence[str]) -> None:
                 _write(status_fd, f"exited {returncode}")
         _reap_orphans()
         if returncode is not None and not _others_alive(me):
-            break
+            return returncode
         # While only the command runs, sleep until SIGCHLD or the supervisor's death;
         # once it exited but left jobs in the group, look again every 50 ms.
         timeout = None if returncode is None else _LEFTOVER_POLL * 1000
@@ -223,6 +231,17 @@ def main(argv: Sequence[str]) -> None:
             else:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
+
+
+def main(argv: Sequence[str]) -> None:
+    """``_reaper.py CONTROL_FD STATUS_FD [--session] [--foreground] -- CMD ...``."""
+    args = list(argv)
+    cut = args.index("--")
+    control_fd, status_fd = int(args[0]), int(args[1])
+    flags, command = set(args[2:cut]), args[cut + 1 :]
+    me = _lead_group(flags)
+    child = _start(command, status_fd, me)
+    returncode = _watch(child, control_fd, status_fd, me)
     os.close(status_fd)
     _die_like(returncode)
 

@@ -1071,26 +1071,57 @@ def _slice(
     if not violations:
         return []
     involved = [e for v in violations for e in v.events]
+    chosen = _chosen_events(involved, events, context)
+    lines = _event_lines(events, chosen, {id(e) for e in involved})
+    lines += _changes_near(violations, involved, changes)
+    limit = 120
+    if len(lines) > limit:
+        half = limit // 2
+        lines = [*lines[:half], f"... {len(lines) - limit} lines left out ...", *lines[-half:]]
+    return lines
+
+
+def _chosen_events(involved: list[Event], events: list[Event], context: float) -> set[int]:
+    """Indexes into ``events`` worth showing around the ``involved`` events."""
     chosen: set[int] = set()
-    if involved:
-        lo = min(e.t for e in involved) - context
-        hi = max(e.t for e in involved) + context
-        who = {e.contender for e in involved}
-        for index, event in enumerate(events):
-            if lo <= event.t <= hi and (
-                event.contender in who or event.kind in ("elected", "lost")
-            ):
-                chosen.add(index)
-        for contender in who:
-            starts = [
-                i
-                for i, e in enumerate(events)
-                if e.contender == contender and e.kind == "elected" and e.t < lo
-            ]
-            if starts:
-                chosen.add(starts[-1])
+    if not involved:
+        return chosen
+    lo = min(e.t for e in involved) - context
+    hi = max(e.t for e in involved) + context
+    who = {e.contender for e in involved}
+    for index, event in enumerate(events):
+        if lo <= event.t <= hi and (event.contender in who or event.kind in ("elected", "lost")):
+            chosen.add(index)
+    for contender in who:
+        starts = [
+            i
+            for i, e in enumerate(events)
+            if e.contender == contender and e.kind == "elected" and e.t < lo
+        ]
+        if starts:
+            chosen.add(starts[-1])
+    return chosen
+
+
+def _with_outcome(event: Event, outcome: Event | None) -> str:
+    """An event's line; a write's carries its outcome (``-> accepted at t=...``)."""
+    line = event.describe()
+    if outcome is None:
+        return line
+    tail = outcome.kind
+    if outcome.revision is not None:
+        tail += f" revision={outcome.revision}"
+    if outcome.current is not None:
+        tail += f" current={outcome.current}"
+    if outcome.detail:
+        tail += f" ({outcome.detail})"
+    return f"{line} -> {tail} at t={outcome.t:.3f}"
+
+
+def _event_lines(events: list[Event], chosen: set[int], key_events: set[int]) -> list[str]:
+    """The chosen events as lines, a run of more than three uneventful writes of one
+    contender, token and outcome folded to its first and last."""
     outcome_of = {e.write_id: e for e in events if e.kind in _OUTCOMES and e.write_id is not None}
-    key_events = {id(e) for e in involved}
     lines: list[str] = []
     run: list[str] = []  # consecutive uneventful writes of one contender/token/outcome
     run_sig: tuple[str, int | None, str] | None = None
@@ -1105,17 +1136,8 @@ def _slice(
     for index, event in enumerate(events):
         if index not in chosen or (event.kind in _OUTCOMES and event.write_id is not None):
             continue
-        line = event.describe()
         outcome = outcome_of.get(event.write_id or "") if event.kind == "write" else None
-        if outcome is not None:
-            tail = outcome.kind
-            if outcome.revision is not None:
-                tail += f" revision={outcome.revision}"
-            if outcome.current is not None:
-                tail += f" current={outcome.current}"
-            if outcome.detail:
-                tail += f" ({outcome.detail})"
-            line += f" -> {tail} at t={outcome.t:.3f}"
+        line = _with_outcome(event, outcome)
         plain = (
             event.kind == "write" and id(event) not in key_events and id(outcome) not in key_events
         )
@@ -1123,11 +1145,15 @@ def _slice(
         if not plain or signature != run_sig:
             flush()
             run_sig = signature if plain else None
-        if plain:
-            run.append(line)
-        else:
-            lines.append(line)
+        (run if plain else lines).append(line)
     flush()
+    return lines
+
+
+def _changes_near(
+    violations: list[Violation], involved: list[Event], changes: list[Change]
+) -> list[str]:
+    """etcd's changes within two revisions of any revision the violations involve."""
     revisions = sorted(
         {c.revision for v in violations for c in v.changes}
         | {e.revision for e in involved if e.revision}
@@ -1137,11 +1163,9 @@ def _slice(
         for change in changes:
             if abs(change.revision - revision) <= 2 and id(change) not in shown:
                 shown.add(id(change))
-    if shown:
-        lines.append("etcd's history near the revisions involved:")
-        lines += [c.describe() for c in changes if id(c) in shown]
-    limit = 120
-    if len(lines) > limit:
-        half = limit // 2
-        lines = [*lines[:half], f"... {len(lines) - limit} lines left out ...", *lines[-half:]]
-    return lines
+    if not shown:
+        return []
+    return [
+        "etcd's history near the revisions involved:",
+        *(c.describe() for c in changes if id(c) in shown),
+    ]
