@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run demo test test-integration test-etcd34 test-docker test-protobuf5 lint sync bench chaos clean
+.PHONY: install run demo test test-unit test-integration test-etcd34 test-docker test-protobuf5 lint sync bench chaos clean
 
 install: $(STAMP)
 
@@ -23,6 +23,12 @@ demo: run
 ## The whole suite (unit + integration against real etcd processes).
 test: install
 	$(BIN)/python -m pytest -q
+
+## The server-free tests (pure logic, the twin, the history checker, wire layer): seconds.
+test-unit: install
+	$(BIN)/python -m pytest -q -m "not (integration or cluster or sql or chaos or docker)" \
+		--ignore=tests/test_cli.py --ignore=tests/test_cli_supervision.py \
+		--ignore=tests/test_examples.py
 
 ## Only the tests that need a real etcd (used for the etcd 3.4 pass in CI).
 test-integration: install

@@ -11,7 +11,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 Result = dict[str, Any]
@@ -40,7 +40,10 @@ def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
     return "met" if ok else "NOT met"
 
 
-def table(rows: list[tuple[str, ...]], headers: tuple[str, ...]) -> str:
+def table(rows: Sequence[tuple[object, ...]], headers: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
+
+    def line(r: tuple[object, ...]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))
+
     return "\n".join([line(headers), line(tuple("-" * w for w in widths)), *map(line, rows)])

@@ -180,7 +180,8 @@ def count_etcdfence(client: Any, counter: Counter) -> None:
     client.on_call(lambda record: counter.add(record.method))
 
 
-class GrpcCounter(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+# grpc ships no type stubs, so its interceptor bases are Any to mypy
+class GrpcCounter(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
     """A gRPC client interceptor counting unary calls by method, stream opens, and
     the requests sent on streams (watch create / cancel, keepalive pings)."""
 

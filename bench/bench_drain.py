@@ -257,7 +257,7 @@ def run_mode(fsync: bool, waiters: list[int], rounds: int, libs: tuple[str, ...]
         nmax = max(waiters)
         makers = {"etcdfence": EtcdfenceSync, "etcdfence-async": EtcdfenceAsync,
                   "python3-etcd3": Etcd3Locks}  # fmt: skip
-        sides = {lib: makers[lib](server.endpoint, nmax) for lib in libs}
+        sides: dict[str, Any] = {lib: makers[lib](server.endpoint, nmax) for lib in libs}
         try:
             for lib, side in sides.items():  # warm up channels and code paths
                 side.drain(f"warmup/{lib}", 2)

@@ -217,7 +217,7 @@ def fresh_handoff(client: ef.Client, commands: list[list[str]], name: str, env: 
         sent = time.monotonic()
         procs[0][0].send_signal(signal.SIGINT)
         elected, _ = procs[1][1].next(timeout=30)
-        return elected - sent
+        return float(elected - sent)
     finally:
         for proc, _ in procs:
             if proc.poll() is None:

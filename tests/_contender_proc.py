@@ -210,7 +210,7 @@ class LineReader:
 
     def ready(self) -> list[str]:
         """The lines already read from the stream, without waiting (EOF not reported)."""
-        lines = []
+        lines: list[str] = []
         while True:
             try:
                 item = self.lines.get_nowait()

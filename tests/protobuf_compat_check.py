@@ -6,7 +6,7 @@ and talks to etcd on the oldest supported major too.
 
 from __future__ import annotations
 
-import google.protobuf
+import google.protobuf  # type: ignore[import-untyped]
 
 import etcdfence as ef
 from etcdfence.testing import EtcdServer

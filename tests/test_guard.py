@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -223,7 +224,7 @@ with ef.Client(endpoint, timeout=3.0) as client:
 """
 
 
-def _pause_scenario(endpoint: str, ns: str, fenced: bool) -> tuple[list[dict[str, int]], bytes]:
+def _pause_scenario(endpoint: str, ns: str, fenced: bool) -> tuple[list[dict[str, Any]], bytes]:
     """Process A leads and writes every 50 ms; it is SIGSTOPped past its TTL; B takes
     the lock and writes; A is resumed and keeps writing with its old token."""
     name, res = f"{ns}/lock{int(fenced)}", f"{ns}/res{int(fenced)}"

@@ -73,7 +73,8 @@ pytestmark = pytest.mark.integration
 
 
 async def _token(api: Api, session: Any, name: str) -> ef.FencingToken:
-    return await api(session.lock(name).acquire, timeout=10)
+    token: ef.FencingToken = await api(session.lock(name).acquire, timeout=10)
+    return token
 
 
 async def test_a_0_1_mark_stays_readable_and_writable(api: Api, etcd_namespace: str) -> None:

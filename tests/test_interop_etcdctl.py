@@ -124,6 +124,7 @@ async def test_etcdctl_elect_leader_is_seen_by_etcdfence(
         assert await out.line(5) == "ctl-node"
         leader = await api(api.client.leader, name)
         assert leader is not None
+        assert key is not None
         assert (leader.key, leader.value, leader.lease_id) == (key, b"ctl-node", lease_of(key))
         async with api.session(ttl=5) as session:
             election = session.election(name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -346,7 +347,7 @@ async def test_handoff_right_after_queueing_is_prompt(
                 name = f"{etcd_namespace}/prompt{i}"
                 await api(holder.lock(name).acquire)
                 task = api.spawn(waiter.lock(name).acquire)
-                await poll(lambda name=name: _count_is(api, name, 2), interval=0.001)
+                await poll(functools.partial(_count_is, api, name, 2), interval=0.001)
                 started = time.monotonic()
                 await api(holder.lock(name).release)
                 await asyncio.wait_for(task, 5)

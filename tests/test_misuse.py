@@ -204,7 +204,7 @@ async def test_compaction_and_reconnect_keep_a_healthy_leader(
     name = etcd_namespace + "/svc"
     with FaultProxy(etcd_endpoints[0]) as proxy:
         client = await api.new_client([proxy.endpoint])
-        cls = ef.AsyncLeaderElector if api.is_async else ef.LeaderElector
+        cls: Any = ef.AsyncLeaderElector if api.is_async else ef.LeaderElector
         lost: list[str] = []
         elected: list[int] = []
         elector = cls(
@@ -243,6 +243,7 @@ async def test_compaction_and_reconnect_keep_a_healthy_leader(
             assert lost == [] and len(elected) == 1, (lost, elected)
             assert elector.is_leader()
             # a real change of the key still ends the term
+            assert elector.token is not None and elector.token.key is not None
             await api(api.client.delete, elector.token.key)
             await poll(lambda: lost, what="the term to end after the key was deleted")
         finally:

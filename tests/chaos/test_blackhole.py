@@ -26,6 +26,7 @@ import pytest
 import etcdfence as ef
 from etcdfence.testing import FaultProxy
 from etcdfence.testing.history import Observer, parse_write_value
+from etcdfence.testing.proxy import Direction
 
 from .conftest import Contenders, ScenarioRecord, finish, rounds
 
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.cluster]
 
 TTL = 1
 
-MODES = {
+MODES: dict[str, tuple[Direction, bool]] = {
     "both-held": ("both", True),
     "upstream-held": ("upstream", True),
     "downstream": ("downstream", False),
