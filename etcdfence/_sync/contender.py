@@ -24,6 +24,7 @@ or being acquired raises :class:`AlreadyHeldError`.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _txn
@@ -44,6 +45,16 @@ from .watch import Watch
 
 if TYPE_CHECKING:
     from .session import Session
+
+
+@dataclass
+class _Attempt:
+    """One acquire in flight: our key, and what etcd told us of it so far."""
+
+    key: bytes
+    lease_id: int
+    revision: int = 0  # our key's create revision, 0 until etcd answered the enqueue
+    request: Any = None  # the enqueue request (spawned), to learn its outcome after a cancel
 
 
 class Contender:
@@ -104,64 +115,63 @@ class Contender:
             lease_id = self._session.lease()
             if self._stray is not None:
                 self._withdraw(self._stray, None)
-            my_key = contender_key(self.name, lease_id).encode("utf-8")
         except BaseException:
             self._set_state(None)
             raise
-        my_rev: int | None = None  # unknown until etcd answered the enqueue
-        enqueue: Any = None
+        attempt = _Attempt(contender_key(self.name, lease_id).encode("utf-8"), lease_id)
         try:
-            try:
-                # Spawned and settled, not simply awaited: a cancelled caller must not
-                # cancel a request that may already be at etcd, or the key could appear
-                # after our withdrawal read found nothing.
-                enqueue = _compat.spawn(
-                    self._conn.call(
-                        "Txn",
-                        _txn.acquire_txn(my_key, value, lease_id, self._prefix),
-                        idempotent=True,
-                    )
-                )
-                response = _compat.settle(enqueue)
-            except LeaseNotFoundError:  # revoked or run out before the keepalive could tell us
-                self._session.lose("lease expired or revoked on the server")
-                raise SessionExpiredError(
-                    f"{self._kind} {self.name!r}: the session's lease is gone"
-                ) from None
-            if response.succeeded:
-                my_rev = int(response.header.revision)
-            else:
-                mine = response.responses[0].response_range.kvs
-                if not mine:  # cannot happen within one txn; be explicit rather than guess
-                    raise SessionExpiredError(
-                        f"{self._kind} key {my_key!r} vanished during acquire"
-                    )
-                my_rev = int(mine[0].create_revision)
-                if mine[0].value != value:
-                    self._conn.call(
-                        "Txn", _txn.guarded_put(my_key, value, lease_id, my_rev), idempotent=True
-                    )
-            self._create_revision = my_rev
+            response = self._enqueue(attempt, value)
             owner = response.responses[1].response_range.kvs
-            if owner and owner[0].create_revision == my_rev:
+            if owner and owner[0].create_revision == attempt.revision:
                 revision = int(response.header.revision)
             else:
-                revision = self._wait_for_turn(my_key, my_rev, deadline)
-            token = self._won(revision, my_key, my_rev, lease_id)
+                revision = self._wait_for_turn(attempt.key, attempt.revision, deadline)
+            token = self._won(revision, attempt.key, attempt.revision, lease_id)
         except BaseException:
-            self._token = None
-            self._create_revision = 0
-            try:
-                if not self._session.expired:  # an expired lease took the key with it
-                    if my_rev is None and enqueue is not None:
-                        answer = _compat.uncancellable(_compat.outcome(enqueue))
-                        my_rev = _txn.enqueued_revision(answer)
-                    _compat.uncancellable(self._withdraw(my_key, my_rev))
-            finally:
-                self._set_state(None)
+            self._abandon(attempt)
             raise
         self._set_state("held")
         return token
+
+    def _enqueue(self, attempt: _Attempt, value: bytes) -> Any:
+        """The acquire txn (and, when our key holds another value, its update); sets
+        ``attempt.revision`` to our key's create revision."""
+        try:
+            # Spawned and settled, not simply awaited: a cancelled caller must not
+            # cancel a request that may already be at etcd, or the key could appear
+            # after our withdrawal read found nothing.
+            request = _txn.acquire_txn(attempt.key, value, attempt.lease_id, self._prefix)
+            attempt.request = _compat.spawn(self._conn.call("Txn", request, idempotent=True))
+            response = _compat.settle(attempt.request)
+        except LeaseNotFoundError:  # revoked or run out before the keepalive could tell us
+            self._session.lose("lease expired or revoked on the server")
+            raise SessionExpiredError(
+                f"{self._kind} {self.name!r}: the session's lease is gone"
+            ) from None
+        revision = _txn.enqueued_revision(response)
+        if revision is None:  # cannot happen within one txn; be explicit rather than guess
+            raise SessionExpiredError(f"{self._kind} key {attempt.key!r} vanished during acquire")
+        attempt.revision = self._create_revision = revision
+        mine = response.responses[0].response_range.kvs
+        if not response.succeeded and mine[0].value != value:
+            update = _txn.guarded_put(attempt.key, value, attempt.lease_id, revision)
+            self._conn.call("Txn", update, idempotent=True)
+        return response
+
+    def _abandon(self, attempt: _Attempt) -> None:
+        """After a failed acquire: forget the holding and withdraw the key (unless the
+        session expired, which took it). Runs to its end even if cancelled again."""
+        self._token = None
+        self._create_revision = 0
+        try:
+            if not self._session.expired:
+                revision = attempt.revision or None
+                if revision is None and attempt.request is not None:
+                    answer = _compat.uncancellable(_compat.outcome(attempt.request))
+                    revision = _txn.enqueued_revision(answer)
+                _compat.uncancellable(self._withdraw(attempt.key, revision))
+        finally:
+            self._set_state(None)
 
     def _won(self, revision: int, key: bytes, create_revision: int, lease_id: int) -> FencingToken:
         self._session.check()
