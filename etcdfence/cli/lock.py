@@ -1,0 +1,171 @@
+"""``etcdfence lock NAME [-- CMD ...]``: hold a lock while a command runs (or until Ctrl-C).
+
+The lock is etcdctl's and Go's ``concurrency.Mutex``; the command's environment carries
+the fencing token under both projects' names. If the lease is lost, or cannot be renewed
+in time for ``--grace``, the command's process group is stopped before etcd can hand the
+lock to someone else, and ``lock`` exits 6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from typing import Any
+
+from ..errors import EtcdfenceError
+from ..token import FencingToken
+from . import _options as opt
+from ._exits import EXIT_LOST, EXIT_OK
+from ._output import error, say
+from ._process import (
+    POLL,
+    Child,
+    Signals,
+    add_grace_option,
+    kill_deadline,
+    must_stop,
+    tty_delivers_sigint,
+)
+
+DESCRIPTION = """\
+Acquire the distributed lock NAME (compatible with 'etcdctl lock' and Go's
+concurrency.Mutex). With a command after '--', run it while holding the lock and
+exit with its status; the command's environment carries the fencing token:
+  ETCDFENCE_TOKEN, ETCD_LOCK_REV   the token (the revision that granted the lock)
+  ETCD_LOCK_KEY, ETCDFENCE_KEY     the lock key NAME/<lease hex>
+The command runs in a process group of its own (the terminal's foreground group
+when lock runs in one). The lock is released when the command exits, after what it
+left running in its group is stopped. If the lease is lost, or cannot be renewed in
+time for --grace, the group gets SIGTERM, then SIGKILL after --grace and no later
+than the session's local deadline, and lock exits 6. If lock itself dies (even by
+SIGKILL), the whole group is killed at once.
+SIGTERM/SIGHUP (and SIGINT when not from the terminal) are passed on to it.
+Without a command, print 'KEY TOKEN' and hold the lock until SIGINT/SIGTERM."""
+
+EXAMPLES = """\
+  etcdfence lock jobs/nightly -- sh -c 'echo token $ETCDFENCE_TOKEN'
+  etcdfence lock --ttl 10 --timeout-acquire 30 jobs/nightly -- ./backup.sh
+  etcdfence lock jobs/nightly            # prints 'jobs/nightly/694d... 1234', holds"""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``lock`` to the command line."""
+    p = opt.add_command(
+        subparsers,
+        "lock",
+        "acquire a lock, run a command while holding it (or hold until Ctrl-C)",
+        DESCRIPTION,
+        EXAMPLES,
+    )
+    p.add_argument("name", metavar="NAME", type=opt.name, help="lock name (keys live under NAME/)")
+    p.add_argument("command", metavar="CMD", nargs="*", help="command to run (after '--')")
+    p.add_argument(
+        "--ttl",
+        metavar="SECONDS",
+        type=opt.ttl,
+        default=60,
+        help="session lease TTL in seconds (default: 60)",
+    )
+    p.add_argument(
+        "--timeout-acquire",
+        metavar="SECONDS",
+        type=opt.nonnegative_float,
+        default=None,
+        help="give up (exit 124) if the lock is not acquired in time (default: wait forever)",
+    )
+    add_grace_option(p, "when the lock is lost")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``etcdfence lock NAME [-- CMD ...]``."""
+    with Signals(raising=True) as signals, opt.make_client(args) as client:
+        session = client.session(ttl=args.ttl)
+        lock = None
+        try:
+            session.open()
+            lock = session.lock(args.name)
+            token = lock.acquire(timeout=args.timeout_acquire)
+            signals.raising = False
+            lost = threading.Event()
+
+            def on_expired() -> None:
+                lost.set()
+                signals.wake.set()
+
+            session.on_expired(on_expired)
+            if not args.command:
+                return _hold(args.name, token, signals, lost)
+            return _run_locked(args, token, signals, lost, session)
+        finally:
+            signals.raising = False
+            _release(lock, session)
+
+
+def _release(lock: Any, session: Any) -> None:
+    try:
+        if lock is not None and not session.expired:
+            lock.release()
+    except EtcdfenceError as exc:
+        say(f"warning: could not release the lock ({exc}); it frees when the lease expires")
+    finally:
+        session.close()
+
+
+def _hold(name: str, token: FencingToken, signals: Signals, lost: threading.Event) -> int:
+    """No command: print 'KEY TOKEN' and hold the lock until a signal or its loss."""
+    print(f"{token.key} {token.value}", flush=True)
+    while True:
+        signals.wake.clear()
+        if signals.take():
+            return EXIT_OK
+        if lost.is_set():
+            error(f"lost the lock {name!r}: the session's lease expired")
+            return EXIT_LOST
+        signals.wake.wait(1.0)
+
+
+def _lock_env(token: FencingToken) -> dict[str, str]:
+    """Our environment plus the token and key under etcdfence's and etcdctl's names."""
+    key = token.key or ""
+    env = dict(os.environ)
+    env.update(
+        ETCDFENCE_TOKEN=str(token.value),
+        ETCDFENCE_KEY=key,
+        ETCD_LOCK_KEY=key,
+        ETCD_LOCK_REV=str(token.value),
+    )
+    return env
+
+
+def _run_locked(
+    args: argparse.Namespace,
+    token: FencingToken,
+    signals: Signals,
+    lost: threading.Event,
+    session: Any,
+) -> int:
+    """Run the command while the lock holds; stop it in time when the lease is lost."""
+    deadline = kill_deadline(session)
+    child = Child(
+        args.command, _lock_env(token), new_session=False, foreground=tty_delivers_sigint()
+    )
+    try:
+        while True:
+            signals.wake.clear()
+            if child.poll() is not None:
+                return child.finish(args.grace, deadline=deadline)
+            for signum in signals.take():
+                child.signal(signum)
+            if lost.is_set() or must_stop(deadline, args.grace):
+                why = "session expired" if lost.is_set() else "lease not renewed in time"
+                status = child.stop(args.grace, deadline=deadline)
+                error(
+                    f"lost the lock {args.name!r} ({why}) while the command ran; "
+                    f"stopped it (status {status})"
+                )
+                return EXIT_LOST
+            signals.wake.wait(POLL)
+    finally:
+        child.close()
