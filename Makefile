@@ -59,6 +59,7 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python tools/async_to_sync.py --check
+	$(BIN)/python tools/long_functions.py
 
 ## Regenerate etcdfence/_sync from etcdfence/_async.
 sync: install

@@ -200,7 +200,6 @@ def make_test_pki(
     ``clientAuth`` usages: etcd's grpc-gateway dials its own gRPC port with the server
     certificate, which ``--client-cert-auth`` would otherwise reject.
     """
-    from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     out = Path(directory)
@@ -247,20 +246,7 @@ def make_test_pki(
         usages=client_usage,
     )
 
-    files = TLSFiles(
-        ca=out / "ca.pem",
-        ca_key=out / "ca-key.pem",
-        server_cert=out / "server.pem",
-        server_key=out / "server-key.pem",
-        client_cert=out / "client.pem",
-        client_key=out / "client-key.pem",
-        other_ca=out / "other-ca.pem",
-        other_client_cert=out / "other-client.pem",
-        other_client_key=out / "other-client-key.pem",
-        expired_client_cert=out / "expired-client.pem",
-        expired_client_key=out / "expired-client-key.pem",
-        client_cn=client_cn,
-    )
+    files = _files_in(out, client_cn)
     writes: list[tuple[Path | None, x509.Certificate | _Key]] = [
         (files.ca, ca_cert),
         (files.ca_key, ca_key),
@@ -276,8 +262,32 @@ def make_test_pki(
     ]
     for path, item in writes:
         assert path is not None
-        if isinstance(item, ec.EllipticCurvePrivateKey):
-            _write_key(path, item)
-        else:
-            _write_cert(path, item)
+        _write_pem(path, item)
     return files
+
+
+def _files_in(out: Path, client_cn: str) -> TLSFiles:
+    """Where :func:`make_test_pki` puts each file in ``out``."""
+    return TLSFiles(
+        ca=out / "ca.pem",
+        ca_key=out / "ca-key.pem",
+        server_cert=out / "server.pem",
+        server_key=out / "server-key.pem",
+        client_cert=out / "client.pem",
+        client_key=out / "client-key.pem",
+        other_ca=out / "other-ca.pem",
+        other_client_cert=out / "other-client.pem",
+        other_client_key=out / "other-client-key.pem",
+        expired_client_cert=out / "expired-client.pem",
+        expired_client_key=out / "expired-client-key.pem",
+        client_cn=client_cn,
+    )
+
+
+def _write_pem(path: Path, item: x509.Certificate | _Key) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    if isinstance(item, ec.EllipticCurvePrivateKey):
+        _write_key(path, item)
+    else:
+        _write_cert(path, item)

@@ -414,18 +414,7 @@ class FaultProxy:
         """
         queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue(_QUEUE_CHUNKS)
         loop = asyncio.get_running_loop()
-
-        async def read() -> None:
-            while True:
-                try:
-                    data: bytes | None = await reader.read(_CHUNK)
-                except OSError:
-                    data = None  # reset by peer
-                await queue.put((loop.time() + self._delays[direction], data))
-                if not data:
-                    return
-
-        reader_task = asyncio.ensure_future(read())
+        reader_task = asyncio.ensure_future(self._read(reader, queue, direction))
         try:
             while True:
                 due, data = await queue.get()
@@ -433,29 +422,11 @@ class FaultProxy:
                 if wait > 0:
                     await asyncio.sleep(wait)
                 if conn.held[direction]:
-                    # hold(): this connection's bytes (and its end) wait for release().
-                    self._held_bytes += len(data or b"")
-                    await conn.released[direction].wait()
-                    self._held_bytes -= len(data or b"")
+                    await self._wait_released(conn, direction, data)
                 if not data:
-                    # A partition swallows FIN and RST too: pass the end on once healed.
-                    await self._healed[direction].wait()
-                    if data is None and not (conn.severed and direction == "upstream"):
-                        return "reset"  # a severed client's bytes end with a clean FIN
-                    if conn.severed and direction == "upstream":
-                        # like a slow network, the end of the stream arrives after the
-                        # bytes: the server handles the request before it sees the close
-                        await asyncio.sleep(self._sever_linger)
-                    with contextlib.suppress(OSError, RuntimeError):
-                        if writer.can_write_eof():
-                            writer.write_eof()
-                    return "eof"
-                while self._blackholed[direction] and self._hold:
-                    await self._healed[direction].wait()
-                if self._blackholed[direction]:
-                    continue  # dropped on the floor
-                if conn.severed and direction == "downstream":
-                    continue  # the client is gone: answers go nowhere
+                    return await self._end_stream(writer, direction, conn, reset=data is None)
+                if await self._dropped(direction, conn):
+                    continue
                 writer.write(data)
                 try:
                     await writer.drain()
@@ -465,3 +436,54 @@ class FaultProxy:
             reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader_task
+
+    async def _read(
+        self,
+        reader: asyncio.StreamReader,
+        queue: asyncio.Queue[tuple[float, bytes | None]],
+        direction: str,
+    ) -> None:
+        """Queue what arrives with the time it is due (now + the delay); ``b""`` at the
+        end of the stream, ``None`` when the peer reset it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data: bytes | None = await reader.read(_CHUNK)
+            except OSError:
+                data = None  # reset by peer
+            await queue.put((loop.time() + self._delays[direction], data))
+            if not data:
+                return
+
+    async def _wait_released(self, conn: _Connection, direction: str, data: bytes | None) -> None:
+        """hold(): this connection's bytes (and its end) wait for release()."""
+        self._held_bytes += len(data or b"")
+        await conn.released[direction].wait()
+        self._held_bytes -= len(data or b"")
+
+    async def _end_stream(
+        self, writer: asyncio.StreamWriter, direction: str, conn: _Connection, *, reset: bool
+    ) -> str:
+        """Pass the end of the stream on: ``"reset"``, or a FIN and ``"eof"``."""
+        # A partition swallows FIN and RST too: pass the end on once healed.
+        await self._healed[direction].wait()
+        severed_client = conn.severed and direction == "upstream"
+        if reset and not severed_client:
+            return "reset"  # a severed client's bytes end with a clean FIN
+        if severed_client:
+            # like a slow network, the end of the stream arrives after the
+            # bytes: the server handles the request before it sees the close
+            await asyncio.sleep(self._sever_linger)
+        with contextlib.suppress(OSError, RuntimeError):
+            if writer.can_write_eof():
+                writer.write_eof()
+        return "eof"
+
+    async def _dropped(self, direction: str, conn: _Connection) -> bool:
+        """Whether the next bytes go nowhere: blackholed (or, holding, wait for the
+        heal), or answers to a client that was severed."""
+        while self._blackholed[direction] and self._hold:
+            await self._healed[direction].wait()
+        if self._blackholed[direction]:
+            return True  # dropped on the floor
+        return conn.severed and direction == "downstream"  # the client is gone
