@@ -226,6 +226,10 @@ def run_round(
         observer.stop()
         _restore(cluster)
         return
+    except BaseException:  # SIGTERM / Ctrl-C: leave no contender behind
+        group.stop_all()
+        observer.stop()
+        raise
     observer.stop()
     stats = result.stats
     totals.rounds += 1
