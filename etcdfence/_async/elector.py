@@ -179,6 +179,14 @@ class AsyncLeaderElector:
         """
         return _Predicate(lambda: self.token is not None, "is_leader")
 
+    @property
+    def session(self) -> AsyncSession | None:
+        """The session of the current or latest term (``None`` before the first).
+
+        Use its ``deadline``/``expired`` to bound work that must end before another
+        process can lead, as the ``etcdfence run`` supervisor does."""
+        return self._session
+
     def stop(self) -> None:
         """End ``run()``: stop the work, resign, return. Safe from any thread or task:
         from another thread it wakes the elector's event loop at once."""

@@ -180,6 +180,14 @@ class LeaderElector:
         """
         return _Predicate(lambda: self.token is not None, "is_leader")
 
+    @property
+    def session(self) -> Session | None:
+        """The session of the current or latest term (``None`` before the first).
+
+        Use its ``deadline``/``expired`` to bound work that must end before another
+        process can lead, as the ``etcdfence run`` supervisor does."""
+        return self._session
+
     def stop(self) -> None:
         """End ``run()``: stop the work, resign, return. Safe from any thread."""
         _compat.call_threadsafe(self._loop, self._stop_now)

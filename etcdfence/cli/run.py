@@ -141,7 +141,7 @@ class _Supervisor:
         """One leadership term: run the command until it exits or the term ends."""
         if self.shutdown.is_set() or stop.is_set():
             return
-        session = self.elector._session
+        session = self.elector.session
         deadline = kill_deadline(session) if session is not None else None
         grace = self.args.grace
         env = dict(os.environ)
