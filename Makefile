@@ -65,8 +65,10 @@ lint: install
 sync: install
 	$(BIN)/python tools/async_to_sync.py
 
+## Benchmarks, one module per topic (bench/<topic>.py: measure + render), then bench/REPORT.md:
+## `make bench`, `make bench QUICK=1`, `make bench TOPICS=drain,handoff`.
 bench: install
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/run_all.py $(if $(filter-out 0,$(QUICK)),--quick) $(if $(TOPICS),--topics $(TOPICS))
 
 chaos: install
 	$(BIN)/python -m pytest -q -m chaos
