@@ -6,8 +6,9 @@ Imported by the test modules (``from _contender_proc import ...``):
   asyncio API (``ef.AsyncClient``): blocking sync calls go to worker threads, so one
   ``async def`` test exercises both twins without mocks;
 - :func:`api_fixture` builds the parametrized ``api`` fixture each module declares;
-- :func:`poll`, :class:`LineReader` (JSON/text lines of a child process, with deadlines),
-  :func:`revoke_lease` and :func:`lease_ttl` (raw lease calls behind a session's back).
+- :func:`revoke_lease` and :func:`lease_ttl` (raw lease calls behind a session's back);
+- ``poll``, ``LineReader`` and ``stop_process``: re-exported from
+  :mod:`etcdfence.testing.procs` (``await_until``, ``LineReader``, ``stop``).
 
 Run as a script it is a contender *process* for cross-process fault tests (SIGSTOP):
 
@@ -31,37 +32,32 @@ import contextlib
 import functools
 import inspect
 import json
-import queue
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import IO, Any
+from typing import Any
 
 import structlog
 
 import etcdfence as ef
+from etcdfence.testing.procs import LineReader, stop
+from etcdfence.testing.procs import await_until as poll
+
+__all__ = [
+    "Api",
+    "LineReader",
+    "api_fixture",
+    "keys_under",
+    "lease_ttl",
+    "poll",
+    "revoke_lease",
+    "stop_process",
+]
+
+#: Signal (default: terminate) and reap a child we started, killing it if it lingers.
+stop_process = stop
 
 # ----------------------------------------------------------------------------- in-process
-
-
-async def poll(
-    condition: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02, what: str = ""
-) -> Any:
-    """Await until ``condition()`` (sync or async) is truthy; return its value.
-
-    Fails the test with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        await asyncio.sleep(interval)
 
 
 class Api:
@@ -175,77 +171,6 @@ async def lease_ttl(api: Api, lease_id: int, client: Any = None) -> int:
 async def keys_under(api: Api, prefix: str, client: Any = None) -> list[Any]:
     """The contenders' keys under ``prefix/`` (KeyValue list, key order)."""
     return list(await api((client or api.client).get_prefix, prefix + "/"))
-
-
-class LineReader:
-    """Lines of a child's stdout collected by a thread, read with deadlines."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    async def line(self, timeout: float = 5.0) -> str | None:
-        """The next line (``None`` at EOF); AssertionError after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                item = self.lines.get_nowait()
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    raise AssertionError(
-                        f"no output line within {timeout}s (seen so far: {self.seen})"
-                    ) from None
-                await asyncio.sleep(0.01)
-                continue
-            if item is not None:
-                self.seen.append(item)
-            return item
-
-    def ready(self) -> list[str]:
-        """The lines already read from the stream, without waiting (EOF not reported)."""
-        lines: list[str] = []
-        while True:
-            try:
-                item = self.lines.get_nowait()
-            except queue.Empty:
-                return lines
-            if item is None:
-                self.lines.put(None)  # keep EOF for line()
-                return lines
-            self.seen.append(item)
-            lines.append(item)
-
-    async def event(self, name: str, timeout: float = 5.0) -> dict[str, Any]:
-        """Skip JSON lines until one with ``event == name``; return it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            line = await self.line(max(0.0, deadline - time.monotonic()))
-            if line is None:
-                raise AssertionError(f"process ended before {name!r}; output: {self.seen}")
-            data = json.loads(line)
-            if data.get("event") == name:
-                return dict(data)
-
-
-def stop_process(proc: subprocess.Popen[Any], sig: int | None = None) -> None:
-    """Signal (default: terminate) and reap a child we started, killing it if it lingers."""
-    if proc.poll() is None:
-        if sig is None:
-            proc.terminate()
-        else:
-            proc.send_signal(sig)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 # ----------------------------------------------------------------------------- process

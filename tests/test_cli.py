@@ -11,9 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ from conftest import clean_env
 
 import etcdfence as ef
 from etcdfence import cli
+from etcdfence.testing import procs as procs_
+from etcdfence.testing.procs import LineReader, stop, wait_until
 
 PYTHON = sys.executable
 
@@ -45,54 +46,13 @@ def etcdfence(
 
 
 def start(*args: str, env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
-    kwargs.setdefault("stdout", subprocess.PIPE)
+    """``python -m etcdfence ARGS`` as a child (stdout and stderr piped)."""
     kwargs.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen(
-        [PYTHON, "-m", "etcdfence", *args],
-        text=True,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        **kwargs,
-    )
+    return procs_.start([PYTHON, "-m", "etcdfence", *args], env=env, new_group=False, **kwargs)
 
 
-class Lines:
-    """Collects a stream's lines in a background thread."""
-
-    def __init__(self, stream: Any) -> None:
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream: Any) -> None:
-        for line in stream:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, predicate: Callable[[str], bool], timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        seen = 0
-        while time.monotonic() < deadline:
-            for line in self.lines[seen:]:
-                if predicate(line):
-                    return line
-            seen = len(self.lines)
-            time.sleep(0.02)
-        raise AssertionError(f"no matching line within {timeout}s; got {self.lines!r}")
-
-    def join(self, timeout: float = 5.0) -> list[str]:
-        self._thread.join(timeout)
-        return self.lines
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(0.05)
+#: Lines of a stream collected by a thread (``.lines``, ``.wait_for``, ``.join``).
+Lines = LineReader
 
 
 def one_error_line(stderr: str) -> str:
@@ -129,17 +89,6 @@ def free_port() -> int:
     sock.bind(("127.0.0.1", 0))
     _RESERVED.append(sock)
     return int(sock.getsockname()[1])
-
-
-def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    try:
-        return proc.wait(timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture

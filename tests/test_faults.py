@@ -142,10 +142,10 @@ async def test_sigstopped_leader_is_fenced_and_learns_it_lost(
             deadline = max(deadline, event["deadline"])
 
     try:
-        elected = await out.event("elected", timeout=15)
+        elected = await out.aevent("elected", timeout=15)
         old = ef.FencingToken(elected["token"])
         while not events.keys() & {"write", "lost"}:  # it is writing with its token
-            line = await out.line(timeout=5)
+            line = await out.aline(timeout=5)
             assert line is not None, f"it exited before writing; output: {out.seen}"
             take(line)
         for line in out.ready():
@@ -165,7 +165,7 @@ async def test_sigstopped_leader_is_fenced_and_learns_it_lost(
 
             proc.send_signal(signal.SIGCONT)
             while not {"lost", "zombie_write"} <= events.keys():  # either may come first
-                line = await out.line(timeout=5)
+                line = await out.aline(timeout=5)
                 assert line is not None, f"it exited without reporting; output: {out.seen}"
                 take(line)
             zombie = events["zombie_write"]

@@ -77,9 +77,9 @@ async def test_etcdctl_lock_waits_for_an_etcdfence_holder(
         try:
             await poll(lambda: _count_is(api, name, 2), what="etcdctl queued behind us")
             await asyncio.sleep(0.2)
-            assert proc.poll() is None and out.lines.empty(), "etcdctl ran while we held it"
+            assert proc.poll() is None and not out.lines, "etcdctl ran while we held it"
             await api(session.lock(name).release)
-            key, rev = (await out.line(5) or "").split()
+            key, rev = (await out.aline(5) or "").split()
             assert key.startswith(name + "/") and lease_of(key) > 0
             assert int(rev) > token.value
             assert await asyncio.to_thread(proc.wait, 5) == 0
@@ -96,7 +96,7 @@ async def test_etcdfence_waits_for_an_etcdctl_holder(
     script = f'echo $ETCD_LOCK_KEY $ETCD_LOCK_REV; while [ ! -e "{flag}" ]; do sleep 0.02; done'
     proc, out = start(ctl(etcdctl, etcd_endpoints, "lock", name, "--", "sh", "-c", script))
     try:
-        key, rev = (await out.line(10) or "").split()
+        key, rev = (await out.aline(10) or "").split()
         kv = await api(api.client.get, key)
         assert kv is not None and kv.value == b"" and kv.lease_id == lease_of(key)
         assert kv.create_revision == int(rev)  # uncontended: its token is the create revision
@@ -120,8 +120,8 @@ async def test_etcdctl_elect_leader_is_seen_by_etcdfence(
     name = etcd_namespace + "/svc"
     proc, out = start(ctl(etcdctl, etcd_endpoints, "elect", name, "ctl-node"))
     try:
-        key = await out.line(10)
-        assert await out.line(5) == "ctl-node"
+        key = await out.aline(10)
+        assert await out.aline(5) == "ctl-node"
         leader = await api(api.client.leader, name)
         assert leader is not None
         assert key is not None
@@ -149,14 +149,14 @@ async def test_etcdfence_leader_is_seen_by_etcdctl_elect_listen(
         token = await api(a.election(name).campaign, b"fence-a")
         proc, out = start(ctl(etcdctl, etcd_endpoints, "elect", "-l", name))
         try:
-            assert [await out.line(10), await out.line(5)] == [token.key, "fence-a"]
+            assert [await out.aline(10), await out.aline(5)] == [token.key, "fence-a"]
             await api(a.election(name).proclaim, b"fence-a2")
-            assert [await out.line(5), await out.line(5)] == [token.key, "fence-a2"]
+            assert [await out.aline(5), await out.aline(5)] == [token.key, "fence-a2"]
             waiting = api.spawn(b.election(name).campaign, b"fence-b")
             await poll(lambda: _count_is(api, name, 2))
             await api(a.election(name).resign)
             tb = await asyncio.wait_for(waiting, 5)
-            assert [await out.line(5), await out.line(5)] == [tb.key, "fence-b"]
+            assert [await out.aline(5), await out.aline(5)] == [tb.key, "fence-b"]
         finally:
             stop_process(proc, signal.SIGINT)
 
@@ -184,7 +184,7 @@ async def test_tokens_of_etcdctl_and_etcdfence_share_one_guard(
             try:
                 await poll(lambda: _count_is(api, name, 2), what="etcdctl queued")
                 await api(lock.release)
-                rev, key, result = (await out.line(15) or "").split()
+                rev, key, result = (await out.aline(15) or "").split()
                 assert result == "ok" and key.startswith(name + "/")
                 accepted.append(int(rev))
                 assert await api(api.client.get, data) is not None
