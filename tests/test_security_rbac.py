@@ -85,6 +85,7 @@ import pytest
 
 import etcdfence as ef
 from etcdfence.testing import EtcdServer, FaultProxy, TLSFiles, make_test_pki
+from etcdfence.testing.procs import wait_until
 from etcdfence.testing.server import etcdctl_env
 
 pytestmark = pytest.mark.integration
@@ -159,14 +160,6 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
 def root(secure: SecureEtcd) -> Iterator[ef.Client]:
     with secure.client(username=ROOT[0], password=ROOT[1]) as client:
         yield client
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.02)
 
 
 async def eventually(predicate: Callable[[], Any], timeout: float, what: str) -> None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import pytest
 
@@ -34,12 +34,14 @@ from etcdfence.testing.history import (
     check,
     parse_events,
 )
+from etcdfence.testing.procs import LineReader, start, stop, wait_until
+
+__all__ = ["wait_until"]  # re-exported for the scenarios
 
 ROUNDS_ENV = "CHAOS_ROUNDS"
 CONTENDER = str(Path(__file__).with_name("_contender.py"))
 ASYNC_CONTENDER = str(Path(__file__).with_name("_async_contender.py"))
 SUMMARY_FILE = Path(__file__).with_name("last_summary.md")
-T = TypeVar("T")
 
 
 def rounds(default: int) -> int:
@@ -47,20 +49,6 @@ def rounds(default: int) -> int:
     that is larger (a soak only ever scales up)."""
     value = os.environ.get(ROUNDS_ENV, "").strip()
     return max(default, int(value)) if value else default
-
-
-def wait_until(
-    condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02
-) -> T:
-    """Poll ``condition()`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(interval)
 
 
 # ----------------------------------------------------------------------------- records
@@ -228,28 +216,17 @@ class ContenderProcess:
         if log_dir is not None:
             self.log_path = log_dir / f"{ident}.stderr.log"
             self._log = open(self.log_path, "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=self._log if self._log is not None else subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=None if env is None else dict(env),
-        )
-        self._reader = threading.Thread(target=self._pump, name=f"read-{ident}", daemon=True)
-        self._reader.start()
+        self.proc = start(args, env=env, stderr=self._log or subprocess.DEVNULL)
+        self._reader = LineReader(self.proc.stdout, on_line=self._take, name=f"read-{ident}")
 
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            arrival = time.monotonic()
-            parsed = parse_events([line])
-            with self._cond:
-                if self.clock_rate is None:
-                    self._events.extend(parsed)
-                else:
-                    self._restamp(parsed, arrival)
-                self._cond.notify_all()
+    def _take(self, line: str, arrival: float) -> None:
+        parsed = parse_events([line])
+        with self._cond:
+            if self.clock_rate is None:
+                self._events.extend(parsed)
+            else:
+                self._restamp(parsed, arrival)
+            self._cond.notify_all()
 
     def _restamp(self, parsed: list[Event], arrival: float) -> None:
         """Map the child's (faked) times to ours: ``ours = offset + theirs / rate``, the
@@ -307,7 +284,7 @@ class ContenderProcess:
                     if event.t >= after and predicate(event):
                         return event
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                if remaining <= 0 or (self.proc.poll() is not None and self._reader.eof):
                     break
                 self._cond.wait(min(remaining, 0.1))
         raise AssertionError(f"no {what} within {timeout:.1f}s\n{self.describe(10)}")
@@ -334,15 +311,8 @@ class ContenderProcess:
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGCONT if paused, SIGTERM (resign and exit), SIGKILL if it lingers."""
-        if self.proc.poll() is None:
-            if self.paused:
-                self.resume()
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop(self.proc, timeout=timeout)  # continues a paused child after the SIGTERM
+        self.paused = False
         self._reader.join(5)
         if self._log is not None:
             self._log.close()

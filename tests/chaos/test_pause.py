@@ -29,8 +29,8 @@ def _pause_rounds(group: Contenders, n: int, record: ScenarioRecord) -> None:
         successor = group.wait_leader(PAUSE + 8, exclude=leader)
         assert successor is not leader
         time.sleep(max(0.0, stopped + PAUSE - time.monotonic()))
+        woke = time.monotonic()  # before SIGCONT: the child may write and lose within 1 ms
         leader.resume()
-        woke = time.monotonic()
         # on waking it writes once with its old token (see _contender.py), then learns
         # that it lost
         leader.wait_for(lambda e: e.kind == "lost", 10, "lost after waking", after=woke)
