@@ -178,6 +178,7 @@ async def _held_write_scenario(
             proxy.sever_held()  # the client gives up; its bytes stay in the network
             with pytest.raises(ef.EtcdUnavailable) as lost:
                 await asyncio.wait_for(stray, 10)
+            await api(client.get, key)  # an idempotent read: the channel reconnects first
             await write(b"v1")
             await write(b"v2")  # acknowledged, newer than the stray attempt
             before = await api(api.client.revision)

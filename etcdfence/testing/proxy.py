@@ -76,6 +76,8 @@ class _Connection:
         self.held = {"upstream": False, "downstream": False}
         self.released = {"upstream": asyncio.Event(), "downstream": asyncio.Event()}
         self.severed = False
+        # bytes read from one side and not yet delivered to (or dropped for) the other
+        self.pending = {"upstream": 0, "downstream": 0}
 
     def abort(self) -> None:
         for task in self.tasks:
@@ -114,7 +116,6 @@ class FaultProxy:
         self._blackholed = {"upstream": False, "downstream": False}
         self._delays = {"upstream": 0.0, "downstream": 0.0}
         self._hold = False
-        self._held_bytes = 0
         self._sever_linger = 1.0
         self._connections_total = 0
         self._conns: set[_Connection] = set()
@@ -252,8 +253,14 @@ class FaultProxy:
 
     @property
     def held_bytes(self) -> int:
-        """Bytes currently held back by :meth:`hold` (0 when nothing is waiting)."""
-        return self._held_bytes
+        """Bytes currently held back by :meth:`hold` (0 when nothing is waiting): every
+        byte a held connection received and has not delivered, however it was chunked."""
+        return sum(
+            conn.pending[name]
+            for conn in list(self._conns)
+            for name in ("upstream", "downstream")
+            if conn.held[name]
+        )
 
     def wait_held(self, minimum: int = 1, timeout: float = 10.0) -> int:
         """Wait until at least ``minimum`` bytes are held; return how many are.
@@ -262,11 +269,11 @@ class FaultProxy:
         ``TimeoutError`` when fewer arrive within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
-        while self._held_bytes < minimum:
+        while self.held_bytes < minimum:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self._held_bytes} bytes held, wanted {minimum}")
+                raise TimeoutError(f"{self.held_bytes} bytes held, wanted {minimum}")
             time.sleep(0.01)
-        return self._held_bytes
+        return self.held_bytes
 
     def sever_held(self, linger: float = 1.0) -> int:
         """Make the clients of held connections give up: their sockets are reset (as a
@@ -414,7 +421,7 @@ class FaultProxy:
         """
         queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue(_QUEUE_CHUNKS)
         loop = asyncio.get_running_loop()
-        reader_task = asyncio.ensure_future(self._read(reader, queue, direction))
+        reader_task = asyncio.ensure_future(self._read(reader, queue, direction, conn))
         try:
             while True:
                 due, data = await queue.get()
@@ -425,6 +432,7 @@ class FaultProxy:
                     await self._wait_released(conn, direction, data)
                 if not data:
                     return await self._end_stream(writer, direction, conn, reset=data is None)
+                conn.pending[direction] -= len(data)
                 if await self._dropped(direction, conn):
                     continue
                 writer.write(data)
@@ -442,6 +450,7 @@ class FaultProxy:
         reader: asyncio.StreamReader,
         queue: asyncio.Queue[tuple[float, bytes | None]],
         direction: str,
+        conn: _Connection,
     ) -> None:
         """Queue what arrives with the time it is due (now + the delay); ``b""`` at the
         end of the stream, ``None`` when the peer reset it."""
@@ -451,15 +460,14 @@ class FaultProxy:
                 data: bytes | None = await reader.read(_CHUNK)
             except OSError:
                 data = None  # reset by peer
+            conn.pending[direction] += len(data or b"")
             await queue.put((loop.time() + self._delays[direction], data))
             if not data:
                 return
 
     async def _wait_released(self, conn: _Connection, direction: str, data: bytes | None) -> None:
         """hold(): this connection's bytes (and its end) wait for release()."""
-        self._held_bytes += len(data or b"")
         await conn.released[direction].wait()
-        self._held_bytes -= len(data or b"")
 
     async def _end_stream(
         self, writer: asyncio.StreamWriter, direction: str, conn: _Connection, *, reset: bool
