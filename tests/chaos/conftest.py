@@ -39,8 +39,9 @@ from etcdfence.testing.procs import LineReader, start, stop, wait_until
 __all__ = ["wait_until"]  # re-exported for the scenarios
 
 ROUNDS_ENV = "CHAOS_ROUNDS"
-CONTENDER = str(Path(__file__).with_name("_contender.py"))
-ASYNC_CONTENDER = str(Path(__file__).with_name("_async_contender.py"))
+#: The contender programs: ``python -m etcdfence.testing.contender`` with either twin.
+CONTENDER = (sys.executable, "-m", "etcdfence.testing.contender", "--api", "sync")
+ASYNC_CONTENDER = (sys.executable, "-m", "etcdfence.testing.contender", "--api", "async")
 SUMMARY_FILE = Path(__file__).with_name("last_summary.md")
 
 
@@ -172,10 +173,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 class ContenderProcess:
-    """One ``_contender.py`` process; its JSON events are collected by a thread.
+    """One contender process (:mod:`etcdfence.testing.contender`); its JSON events are
+    collected by a thread.
 
-    ``script``/``extra_args``/``env`` run another contender program (e.g.
-    ``_async_contender.py`` under libfaketime). ``clock_rate``: the child's clocks run
+    ``script`` is the command that starts it (``CONTENDER``, the threaded twin, or
+    ``ASYNC_CONTENDER``, e.g. under libfaketime through ``env``); ``extra_args`` are
+    appended (e.g. ``--naive``). ``clock_rate``: the child's clocks run
     at this rate (libfaketime), so its event times mean nothing here: its times and
     session deadlines are mapped to this process's ``time.monotonic()`` by the rate and
     an offset measured from the arrival of its lines (see :meth:`_restamp`).
@@ -193,7 +196,7 @@ class ContenderProcess:
         interval: float = 0.05,
         term: float = 0.0,
         log_dir: Path | None = None,
-        script: str = CONTENDER,
+        script: Sequence[str] = CONTENDER,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         clock_rate: float | None = None,
@@ -205,7 +208,7 @@ class ContenderProcess:
         self.paused = False
         self._events: list[Event] = []
         self._cond = threading.Condition()
-        args = [sys.executable, script, "--endpoints", ",".join(endpoints)]
+        args = [*script, "--endpoints", ",".join(endpoints)]
         args += ["--root", layout.root, "--id", ident, "--ttl", str(ttl)]
         args += ["--timeout", str(timeout), "--interval", str(interval), "--term", str(term)]
         if unsafe:

@@ -8,7 +8,7 @@ One 3-member etcd cluster serves the whole soak — in network namespaces
 partitions are on the menu; else a loopback :class:`~etcdfence.testing.EtcdCluster`
 without them. Every round gets a fresh key root, an :class:`Observer`, and three
 contender processes that campaign for one election and write one resource through the
-fence guard: two threaded (``_contender.py``) and one asyncio (``_async_contender.py``),
+fence guard (``python -m etcdfence.testing.contender``): two threaded, one asyncio,
 each on all endpoints or pinned to one member. The round's schedule, drawn from the seed:
 
 - ``skew`` (40 % of rounds): the asyncio contender runs under libfaketime at a clock rate

@@ -31,8 +31,8 @@ def _pause_rounds(group: Contenders, n: int, record: ScenarioRecord) -> None:
         time.sleep(max(0.0, stopped + PAUSE - time.monotonic()))
         woke = time.monotonic()  # before SIGCONT: the child may write and lose within 1 ms
         leader.resume()
-        # on waking it writes once with its old token (see _contender.py), then learns
-        # that it lost
+        # on waking it writes once with its old token (see etcdfence.testing.contender),
+        # then learns that it lost
         leader.wait_for(lambda e: e.kind == "lost", 10, "lost after waking", after=woke)
         record.rounds += 1
 
