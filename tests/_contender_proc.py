@@ -1,4 +1,4 @@
-"""Contender drivers for the integration tests: in-process (sync or asyncio) and as a process.
+"""Contender drivers for the integration tests: one test body, both twins (sync and asyncio).
 
 Imported by the test modules (``from _contender_proc import ...``):
 
@@ -10,34 +10,20 @@ Imported by the test modules (``from _contender_proc import ...``):
 - ``poll``, ``LineReader`` and ``stop_process``: re-exported from
   :mod:`etcdfence.testing.procs` (``await_until``, ``LineReader``, ``stop``).
 
-Run as a script it is a contender *process* for cross-process fault tests (SIGSTOP):
-
-    python tests/_contender_proc.py --endpoints URL --name NAME --resource RES [--ttl 1]
-                                    [--api sync|async] [--identity ID]
-
-It campaigns for NAME, then writes ``<RES>/data`` through ``FenceGuard(RES)`` with its
-token every 50 ms and prints one JSON object per line: ``elected`` (token, key, lease),
-``write`` (ok, current; ``deadline``, the session's local deadline as
-``time.monotonic()``, when accepted), ``lost`` (when the session expires), and a final
-``zombie_write`` (one more write attempted with the old token after the loss), then exits.
+A contender *process* for cross-process fault tests is ``python -m
+etcdfence.testing.contender`` (history events on stdout).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import concurrent.futures
 import contextlib
 import functools
 import inspect
-import json
-import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
-
-import structlog
 
 import etcdfence as ef
 from etcdfence.testing.procs import LineReader, stop
@@ -171,89 +157,3 @@ async def lease_ttl(api: Api, lease_id: int, client: Any = None) -> int:
 async def keys_under(api: Api, prefix: str, client: Any = None) -> list[Any]:
     """The contenders' keys under ``prefix/`` (KeyValue list, key order)."""
     return list(await api((client or api.client).get_prefix, prefix + "/"))
-
-
-# ----------------------------------------------------------------------------- process
-
-
-def _emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, "t": time.monotonic(), **fields}), flush=True)
-
-
-def _write(put: Callable[[], Any], event: str, token: ef.FencingToken, session: Any) -> None:
-    try:
-        put()
-        _emit(event, ok=True, token=token.value, deadline=session.deadline)
-    except ef.StaleTokenError as err:
-        _emit(event, ok=False, token=token.value, current=err.current)
-
-
-async def _awrite(
-    put: Callable[[], Awaitable[Any]], event: str, token: ef.FencingToken, session: Any
-) -> None:
-    try:
-        await put()
-        _emit(event, ok=True, token=token.value, deadline=session.deadline)
-    except ef.StaleTokenError as err:
-        _emit(event, ok=False, token=token.value, current=err.current)
-
-
-def _run_sync(args: argparse.Namespace) -> None:
-    with ef.Client(args.endpoints, timeout=2.0) as client:
-        guard = client.fence(args.resource)
-        session = client.session(args.ttl)
-        session.open()
-        session.on_expired(lambda: _emit("lost", expired=session.expired))
-        token = session.election(args.name).campaign(args.identity)
-        _emit("elected", token=token.value, key=token.key, lease=session.lease_id)
-
-        def put() -> Any:
-            return guard.put(token, args.resource + "/data", args.identity)
-
-        while not session.expired:
-            _write(put, "write", token, session)
-            time.sleep(0.05)
-        _write(put, "zombie_write", token, session)  # a paused leader's late write: must bounce
-        session.close()
-
-
-async def _run_async(args: argparse.Namespace) -> None:
-    async with ef.AsyncClient(args.endpoints, timeout=2.0) as client:
-        guard = client.fence(args.resource)
-        session = client.session(args.ttl)
-        await session.open()
-        session.on_expired(lambda: _emit("lost", expired=session.expired))
-        token = await session.election(args.name).campaign(args.identity)
-        _emit("elected", token=token.value, key=token.key, lease=session.lease_id)
-
-        def put() -> Awaitable[Any]:
-            return guard.put(token, args.resource + "/data", args.identity)
-
-        while not session.expired:
-            await _awrite(put, "write", token, session)
-            await asyncio.sleep(0.05)
-        await _awrite(put, "zombie_write", token, session)
-        await session.aclose()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="an etcdfence contender process for tests")
-    parser.add_argument("--endpoints", required=True)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--resource", required=True)
-    parser.add_argument("--identity", default="proc")
-    parser.add_argument("--ttl", type=int, default=1)
-    parser.add_argument("--api", choices=["sync", "async"], default="sync")
-    args = parser.parse_args(argv)
-    args.endpoints = args.endpoints.split(",")
-    # stdout carries the JSON protocol: send the library's log lines to stderr
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    if args.api == "sync":
-        _run_sync(args)
-    else:
-        asyncio.run(_run_async(args))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,12 +6,9 @@ is missing."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,12 +25,15 @@ from _contender_proc import (
 
 import etcdfence as ef
 from etcdfence.testing import FaultProxy
+from etcdfence.testing.history import Event, Layout, parse_events
+from etcdfence.testing.procs import start
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 api = api_fixture()
 
-PROC = str(Path(__file__).with_name("_contender_proc.py"))
+#: The contender process (its events: :mod:`etcdfence.testing.history`).
+CONTENDER = [sys.executable, "-m", "etcdfence.testing.contender"]
 
 
 async def _count_is(api: Api, name: str, count: int, client: Any = None) -> bool:
@@ -108,74 +108,74 @@ async def test_waiter_whose_lease_is_revoked_while_holder_holds(
 async def test_sigstopped_leader_is_fenced_and_learns_it_lost(
     api: Api, etcd_namespace: str, etcd_endpoints: list[str]
 ) -> None:
-    """A leader process (using the same twin as the test) frozen with SIGSTOP past its
-    1 s TTL: the next leader gets a higher token; after SIGCONT the old leader reports
-    the loss and its late write bounces at the resource.
+    """A leader process (``python -m etcdfence.testing.contender --mode once``, using the
+    same twin as the test) frozen with SIGSTOP past its 1 s TTL: the next leader gets a
+    higher token; after SIGCONT the old leader reports the loss and its late write (the
+    one it makes with its old token after the loss) bounces at the resource.
 
     The freeze races with the leader's own keepalives: on a busy machine its session
-    may expire before the SIGSTOP lands (it then writes its "zombie" write before the
-    successor exists, which is legitimately accepted). Each write event carries the
-    session's local deadline: the strict checks apply when the SIGSTOP was sent before
-    it (the leader was frozen while it still led); either way nothing it wrote may
-    land after the successor's write."""
-    proc_api = api.kind
-    name = etcd_namespace + "/svc"
-    resource = etcd_namespace + "/res"
-    args = ["--endpoints", ",".join(etcd_endpoints), "--name", name, "--resource", resource]
-    args += ["--ttl", "1", "--api", proc_api, "--identity", "zombie"]
-    proc = subprocess.Popen(
-        [sys.executable, PROC, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
+    may expire before the SIGSTOP lands (it then makes its late write before the
+    successor exists, which is legitimately accepted). Each event carries the session's
+    local deadline: the strict checks apply when the SIGSTOP was sent before it (the
+    leader was frozen while it still led); either way nothing it wrote may land after
+    the successor's write."""
+    layout = Layout(etcd_namespace)
+    args = ["--endpoints", ",".join(etcd_endpoints), "--root", layout.root, "--id", "zombie"]
+    args += ["--ttl", "1", "--api", api.kind, "--mode", "once"]
+    proc = start([*CONTENDER, *args])
     out = LineReader(proc.stdout)
-    events: dict[str, dict[str, Any]] = {}  # the first event of each kind
-    deadline = 0.0  # the latest local deadline it reported with an accepted write
+    events: list[Event] = []
 
-    def take(line: str) -> None:
-        nonlocal deadline
-        event = json.loads(line)
-        events.setdefault(event["event"], event)
-        if event["event"] == "write" and event["ok"]:
-            deadline = max(deadline, event["deadline"])
+    async def take(timeout: float = 5.0) -> bool:
+        """Read one more line into ``events``; False at the end of its output."""
+        line = await out.aline(timeout=timeout)
+        if line is None:
+            return False
+        events.extend(parse_events([line]))
+        return True
+
+    def kinds() -> set[str]:
+        return {e.kind for e in events}
 
     try:
-        elected = await out.aevent("elected", timeout=15)
-        old = ef.FencingToken(elected["token"])
-        while not events.keys() & {"write", "lost"}:  # it is writing with its token
-            line = await out.aline(timeout=5)
-            assert line is not None, f"it exited before writing; output: {out.seen}"
-            take(line)
-        for line in out.ready():
-            take(line)
+        while "elected" not in kinds():
+            assert await take(15), f"it exited unelected; output: {out.seen}"
+        elected = next(e for e in events if e.kind == "elected")
+        assert elected.token is not None and elected.lease is not None, elected
+        old = ef.FencingToken(elected.token)
+        while not kinds() & {"accepted", "rejected", "unknown", "lost"}:  # it is writing
+            assert await take(), f"it exited before writing; output: {out.seen}"
+        events.extend(parse_events(out.ready()))
         proc.send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
         # Frozen while it still led: it cannot have seen its loss (or written after it).
-        frozen_leading = "lost" not in events and stopped + 0.01 < deadline
+        deadline = max((e.deadline or 0.0 for e in events if e.kind == "accepted"), default=0)
+        frozen_leading = "lost" not in kinds() and stopped + 0.01 < deadline
 
-        guard = api.client.fence(resource)
+        guard = layout.guard(api.client, "res")
+        data_key = layout.data_key("res")
         async with api.session(ttl=5) as session:
-            new = await contend(api, session, "election", name, b"successor", timeout=10)
+            new = await contend(api, session, "election", layout.election, b"successor",
+                                timeout=10)  # fmt: skip
             assert new > old
             # it got in because the frozen leader's lease ran out, not by any other way
-            assert await lease_ttl(api, elected["lease"]) == -1
-            await api(guard.put, new, resource + "/data", b"successor")
+            assert await lease_ttl(api, elected.lease) == -1
+            await api(guard.put, new, data_key, b"successor")
 
             proc.send_signal(signal.SIGCONT)
-            while not {"lost", "zombie_write"} <= events.keys():  # either may come first
-                line = await out.aline(timeout=5)
-                assert line is not None, f"it exited without reporting; output: {out.seen}"
-                take(line)
-            zombie = events["zombie_write"]
+            while await take():  # it exits after the late write
+                pass
+            lost = next((i for i, e in enumerate(events) if e.kind == "lost"), None)
+            assert lost is not None, f"it never reported the loss: {out.seen}"
+            late = [e for e in events[lost:] if e.kind in ("accepted", "rejected", "unknown")]
+            assert late, f"no late write after the loss: {out.seen}"
             if frozen_leading:  # its late write came after the successor's: it bounced
-                assert zombie["ok"] is False and zombie["current"] == new.value, zombie
+                assert late[-1].kind == "rejected" and late[-1].current == new.value, late
             # nothing it wrote landed after the successor's write: the successor's data stands
             assert await api(guard.current) == new.value
-            assert (await api(api.client.get, resource + "/data")).value == b"successor"
+            assert (await api(api.client.get, data_key)).value == b"successor"
             assert await asyncio.to_thread(proc.wait, 10) == 0
-            leader = await api(api.client.leader, name)
+            leader = await api(api.client.leader, layout.election)
             assert leader is not None and leader.key == new.key
     finally:
         stop_process(proc, signal.SIGCONT)
