@@ -51,6 +51,7 @@ NAMES: dict[str, str] = {
     "AsyncContender": "Contender",
     "AsyncElection": "Election",
     "AsyncFenceGuard": "FenceGuard",
+    "AsyncKeepAlives": "KeepAlives",
     "AsyncLeaderElector": "LeaderElector",
     "AsyncLock": "Lock",
     "AsyncSession": "Session",

@@ -19,6 +19,7 @@ from ..errors import InvalidArgumentError, InvalidTypeError
 from ..types import CallRecord, KeyValue, Leader
 from .connection import AsyncConnection
 from .guard import AsyncFenceGuard
+from .keepalive import AsyncKeepAlives
 from .observe import observe_leader
 from .session import AsyncSession
 from .watch import AsyncWatch
@@ -60,6 +61,7 @@ class AsyncClient:
             key_file=key_file,
             server_name=server_name,
         )
+        self._keepalives = AsyncKeepAlives(self._conn)
 
     @property
     def endpoints(self) -> list[str]:
@@ -70,6 +72,12 @@ class AsyncClient:
     def timeout(self) -> float:
         """Default per-call timeout in seconds."""
         return self._conn.timeout
+
+    @property
+    def keepalives(self) -> AsyncKeepAlives:
+        """Every session's lease of this client, kept alive on one stream (internal:
+        sessions register here)."""
+        return self._keepalives
 
     @property
     def connection(self) -> AsyncConnection:
@@ -263,6 +271,7 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         """Close every channel. Sessions should be closed first (they revoke leases)."""
+        await self._keepalives.aclose()
         await self._conn.aclose()
 
     async def __aenter__(self) -> AsyncClient:

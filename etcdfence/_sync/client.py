@@ -20,6 +20,7 @@ from ..errors import InvalidArgumentError, InvalidTypeError
 from ..types import CallRecord, KeyValue, Leader
 from .connection import Connection
 from .guard import FenceGuard
+from .keepalive import KeepAlives
 from .observe import observe_leader
 from .session import Session
 from .watch import Watch
@@ -61,6 +62,7 @@ class Client:
             key_file=key_file,
             server_name=server_name,
         )
+        self._keepalives = KeepAlives(self._conn)
 
     @property
     def endpoints(self) -> list[str]:
@@ -71,6 +73,12 @@ class Client:
     def timeout(self) -> float:
         """Default per-call timeout in seconds."""
         return self._conn.timeout
+
+    @property
+    def keepalives(self) -> KeepAlives:
+        """Every session's lease of this client, kept alive on one stream (internal:
+        sessions register here)."""
+        return self._keepalives
 
     @property
     def connection(self) -> Connection:
@@ -264,6 +272,7 @@ class Client:
 
     def close(self) -> None:
         """Close every channel. Sessions should be closed first (they revoke leases)."""
+        self._keepalives.close()
         self._conn.close()
 
     def __enter__(self) -> Client:

@@ -15,7 +15,6 @@ from .._wire import messages as m
 from ..errors import (
     EtcdfenceError,
     EtcdRequestError,
-    EtcdUnavailableError,
     InvalidArgumentError,
     InvalidTypeError,
     LeaseNotFoundError,
@@ -23,11 +22,12 @@ from ..errors import (
 )
 from . import _compat
 from .election import Election
+from .keepalive import KeptLease
 from .lock import Lock
 
 if TYPE_CHECKING:
     from .client import Client
-    from .connection import Connection, EtcdStream
+    from .connection import Connection
     from .watch import Watch
 
 
@@ -90,9 +90,7 @@ class Session:
         self._contenders: dict[str, Lock | Election] = {}
         self._open_lock = _compat.Lock()
         self._state_lock = threading.Lock()  # guards expiry in the threaded twin too
-        self._workers: list[_compat.Background] = []
-        self._stream: EtcdStream | None = None
-        self.keepalives_sent = 0
+        self._kept: KeptLease | None = None  # the lease as the client's keepalives track it
 
     # -- properties ------------------------------------------------------------------
 
@@ -123,7 +121,12 @@ class Session:
     @property
     def deadline(self) -> float:
         """``time.monotonic()`` value at which the session expires unless renewed."""
-        return self._deadline
+        return self._deadline if self._kept is None else self._kept.deadline
+
+    @property
+    def keepalives_sent(self) -> int:
+        """Keepalive requests sent for this session's lease so far."""
+        return 0 if self._kept is None else self._kept.sent
 
     @property
     def client(self) -> Client:
@@ -147,12 +150,10 @@ class Session:
             self._ttl = int(response.TTL)
             self._deadline = sent + self._ttl - self._margin
             self._lease_id = int(response.ID)
-            self._workers.append(
-                _compat.Background(self._keepalive, name=f"etcdfence-keepalive-{self._lease_id:x}")
+            self._kept = KeptLease(
+                self._lease_id, self._ttl, self._margin, self._deadline, on_gone=self._expire
             )
-            self._workers.append(
-                _compat.Background(self._watchdog, name=f"etcdfence-deadline-{self._lease_id:x}")
-            )
+            self._client.keepalives.add(self._kept)  # one stream for every session
             return self
 
     # -- what locks and elections use (the session's whole internal surface) -------------
@@ -192,7 +193,7 @@ class Session:
             raise self._interrupted
         if self._expired.is_set():
             raise SessionExpiredError(f"session expired: {self._expiry_reason}")
-        if self._lease_id is not None and _compat.monotonic() >= self._deadline:
+        if self._lease_id is not None and _compat.monotonic() >= self.deadline:
             self._expire("local deadline passed")
             raise SessionExpiredError(f"session expired: {self._expiry_reason}")
 
@@ -222,21 +223,14 @@ class Session:
         The local deadline still applies, so ``expired`` turns true in time.
         """
         self._stopping.set()
-        stream = self._stream
-        if stream is not None:
-            stream.cancel()
+        if self._lease_id is not None:
+            self._client.keepalives.orphan(self._lease_id)
 
     def _stop_workers(self) -> None:
         self._stopping.set()
         self._closing.set()
-        stream = self._stream
-        if stream is not None:
-            stream.cancel()
-        for worker in self._workers:
-            worker.cancel()
-        for worker in self._workers:
-            worker.join(2.0)
-        self._workers.clear()
+        if self._lease_id is not None:
+            self._client.keepalives.remove(self._lease_id)
 
     def __enter__(self) -> Session:
         return self.open()
@@ -284,9 +278,7 @@ class Session:
     def _expire(self, reason: str) -> None:
         if self._mark_expired(reason, notify=True) and self._lease_id is not None:
             metrics.lease_lost(self._lease_id, reason)
-            stream = self._stream
-            if stream is not None:
-                stream.cancel()
+            self._client.keepalives.remove(self._lease_id)
 
     def interrupt_waiters(self, error: BaseException) -> None:
         """Make every acquire/campaign on this session raise ``error``: the ones waiting
@@ -295,58 +287,6 @@ class Session:
         self._interrupted = error
         for waiter in list(self._waiters):
             waiter.interrupt(error)
-
-    # -- background work --------------------------------------------------------------------
-
-    def _watchdog(self) -> None:
-        while not self._closing.is_set():
-            remaining = self._deadline - _compat.monotonic()
-            if remaining <= 0:
-                self._expire("local deadline passed (no keepalive acknowledged in time)")
-                return
-            if _compat.wait_event(self._closing, remaining):
-                return
-
-    def _keepalive(self) -> None:
-        interval = max(self._ttl / 3.0, 0.1)
-        self._conn.keep_stream(
-            "LeaseKeepAlive",
-            lambda stream: self._renew(stream, interval),
-            stop=self._stopping,
-            max_backoff=max(0.1, interval / 2),
-        )
-
-    def _renew(self, stream: EtcdStream, interval: float) -> None:
-        """Keep the lease alive on one stream: a request every ``interval``, the local
-        deadline moved on by each answer (from its *send* time)."""
-        # An endpoint that stops answering without closing the stream (a frozen member)
-        # must not cost the lease while other members are healthy: give up on it after
-        # half an interval, well before the deadline, and fail over.
-        patience = interval / 2
-        request = m.LeaseKeepAliveRequest(ID=self.lease_id)
-        self._stream = stream
-        try:
-            while not self._stopping.is_set():
-                sent = _compat.monotonic()
-                stream.write(request)
-                self.keepalives_sent += 1
-                try:
-                    response = stream.read(timeout=patience)
-                except TimeoutError:
-                    self._conn.fail_over(stream.endpoint)
-                    raise EtcdUnavailableError(
-                        f"no keepalive answer from {self._conn.endpoints[stream.endpoint]} "
-                        f"within {patience:.2f}s"
-                    ) from None
-                if response is None:
-                    raise EtcdUnavailableError("etcd closed the keepalive stream")
-                if response.TTL <= 0:
-                    self._expire("lease expired or revoked on the server")
-                    return
-                self._deadline = max(self._deadline, sent + response.TTL - self._margin)
-                _compat.wait_event(self._stopping, sent + interval - _compat.monotonic())
-        finally:
-            self._stream = None
 
     # -- locks and elections ----------------------------------------------------------------
 
