@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 from conftest import clean_env
-from test_cli import Lines, alive, etcdfence, one_error_line, start, stop, wait_until
+from test_cli import Lines, alive, etcdfence, one_error_line, start
 
 import etcdfence as ef
 from etcdfence import cli
 from etcdfence.testing import FaultProxy
+from etcdfence.testing.procs import stop, wait_until
 
 PYTHON = sys.executable
 
