@@ -48,6 +48,7 @@ import structlog
 from ._sync.client import Client
 from ._sync.elector import LeaderElector
 from .errors import EtcdfenceError, StaleTokenError
+from .testing import procs
 from .token import FencingToken
 from .types import Leader
 
@@ -248,6 +249,7 @@ class _Node:
     token: int | None = None
     frozen: bool = False
     exited: bool = False
+    reader: procs.LineReader | None = None
 
 
 @dataclass
@@ -264,7 +266,7 @@ class _Demo:
         self.out = out
         self.ttl = ttl
         self.t0 = time.monotonic()
-        self.events: queue.Queue[tuple[str, dict[str, Any] | None]] = queue.Queue()
+        self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self.nodes: dict[str, _Node] = {}
         self.story = _Story()
         self.client: Client | None = None
@@ -307,26 +309,20 @@ class _Demo:
         ]  # fmt: skip
         stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in cleanup()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCDFENCE_")}
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            bufsize=1,
-            env=env,
+        # in the demo's process group: a Ctrl-C at the terminal reaches the contenders too
+        proc = procs.start(
+            command, env=env, stdin=subprocess.PIPE, stderr=stderr, new_group=False, bufsize=1
         )
         node = _Node(name, proc, stderr)
         self.nodes[name] = node
-        threading.Thread(target=self._read, args=(node,), daemon=True).start()
+        node.reader = procs.LineReader(
+            proc.stdout, on_line=lambda line, _at: self._take(name, line), name=f"demo-{name}"
+        )
         return node
 
-    def _read(self, node: _Node) -> None:
-        assert node.proc.stdout is not None
-        for raw in node.proc.stdout:
-            with contextlib.suppress(ValueError):
-                self.events.put((node.name, json.loads(raw)))
-        self.events.put((node.name, None))
+    def _take(self, name: str, line: str) -> None:
+        with contextlib.suppress(ValueError):
+            self.events.put((name, json.loads(line)))
 
     def send(self, node: _Node, command: str) -> None:
         assert node.proc.stdin is not None
@@ -352,20 +348,26 @@ class _Demo:
             if remaining <= 0:
                 raise DemoFailed(f"timed out after {timeout:.0f}s waiting for {what}")
             try:
-                name, record = self.events.get(timeout=remaining)
+                name, record = self.events.get(timeout=min(remaining, 0.1))
             except queue.Empty:
+                self._check_alive(what)
                 continue
             node = self.nodes[name]
-            if record is None:
-                if node.exited:  # end of output after its "exit" report: expected
-                    continue
-                raise DemoFailed(
-                    f"contender {name} exited unexpectedly while waiting for {what}"
-                    + self._stderr_tail(node)
-                )
             self.show(node, record)
             if predicate(name, record):
                 return record
+
+    def _check_alive(self, what: str) -> None:
+        """Fail if a contender's output ended without its ``exit`` report. The reader
+        queues every line before it marks the end, so once the end is seen, an empty
+        queue means every line of it has been shown."""
+        for node in self.nodes.values():
+            ended = node.reader is not None and node.reader.eof
+            if ended and self.events.empty() and not node.exited:
+                raise DemoFailed(
+                    f"contender {node.name} exited unexpectedly while waiting for {what}"
+                    + self._stderr_tail(node)
+                )
 
     def drain(self, seconds: float) -> None:
         """Print whatever arrives within ``seconds``."""
@@ -375,8 +377,7 @@ class _Demo:
                 name, record = self.events.get(timeout=remaining)
             except queue.Empty:
                 return
-            if record is not None:
-                self.show(self.nodes[name], record)
+            self.show(self.nodes[name], record)
 
     def show(self, node: _Node, record: dict[str, Any]) -> None:
         """Print a contender's report as a timeline row, updating what it believes."""
@@ -557,19 +558,8 @@ class _Demo:
 
     def cleanup(self) -> None:
         for node in self.nodes.values():
-            proc = node.proc
-            if proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    proc.send_signal(signal.SIGCONT)
-                    proc.send_signal(signal.SIGTERM)
-        for node in self.nodes.values():
-            proc = node.proc
-            try:
-                proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout, node.stderr):
+            procs.stop(node.proc, timeout=3)  # SIGTERM (and SIGCONT if frozen), then kill
+            for stream in (node.proc.stdin, node.proc.stdout, node.stderr):
                 with contextlib.suppress(OSError, AttributeError):
                     stream.close()  # type: ignore[union-attr]
 

@@ -43,18 +43,20 @@ def start(
     env: Mapping[str, str] | None = None,
     stdout: Any = subprocess.PIPE,
     stderr: Any = subprocess.DEVNULL,
+    stdin: Any = subprocess.DEVNULL,
     new_group: bool = True,
     **kwargs: Any,
 ) -> subprocess.Popen[str]:
     """Start a child with text pipes, stdin closed, in its own process group.
 
+    ``stdin=subprocess.PIPE`` for a child that takes commands on stdin;
     ``new_group=False`` keeps it in the test runner's group (a terminal's Ctrl-C then
     reaches it too). Pair every call with :func:`stop`."""
     return subprocess.Popen(
         list(args),
         stdout=stdout,
         stderr=stderr,
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
         text=True,
         env=None if env is None else dict(env),
         start_new_session=new_group,
