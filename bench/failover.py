@@ -40,7 +40,7 @@ from _common import (
     start_etcd,
     topic_args,
 )
-from handoff import child_command, start_chain
+from handoff import child_command, elected_at, start_chain
 
 import etcdfence as ef
 
@@ -56,8 +56,7 @@ def failover_chain(client: ef.Client, endpoint: str, name: str, ttl: int, k: int
             proc, _ = procs[i]
             killed = time.monotonic()
             proc.send_signal(signal.SIGKILL)
-            elected, _ = procs[i + 1][1].next(timeout=ttl + 15)
-            out.append(elected - killed)
+            out.append(elected_at(procs[i + 1][1], ttl + 15) - killed)
             proc.wait(5)
     finally:
         for proc, _ in procs:

@@ -6,8 +6,9 @@ after another on one election name (each only once the previous one is queued, s
 the order is known); the first leads. Then, K-1 times, the parent sends SIGINT to
 the leader and timestamps the first line the next candidate prints once elected.
 ``etcdctl elect NAME PROPOSAL`` resigns on SIGINT and prints the leader key when
-elected; the etcdfence candidate (this script's ``child`` mode, asyncio API) does
-the same: ``campaign`` → print → wait for SIGINT → ``resign``. Both sides pay the
+elected; the etcdfence candidate (``python -m etcdfence.testing.contender --mode hold``,
+asyncio API) does the same: ``campaign`` → print its ``elected`` event → wait for
+SIGINT → ``resign``. Both sides pay the
 same signal delivery, process wake-up and pipe; each line is stamped on arrival by
 a reader thread. (etcdctl does one extra ``Get`` before printing the key;
 etcdfence prints its token at once.)
@@ -33,17 +34,14 @@ Rounds alternate the four (order flipped each round), against a durable etcd and
 against ``--unsafe-no-fsync``.
 
     python bench/handoff.py [--quick] [--rounds 4] [--chain 8] [--render-only]
-    python bench/handoff.py child --endpoint URL --name NAME [--ttl 5]   # one candidate
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from _common import (
@@ -83,56 +81,29 @@ FRESH_AFTER = 0.02
 FRESH_SIDES = ("etcdctl elect", "etcdfence")
 
 
-# --------------------------------------------------------------------------- child
-
-
-async def _child(endpoint: str, name: str, ttl: int, value: str, linger: float) -> None:
-    """A candidate process: campaign, print ``elected <token>``, resign on SIGINT,
-    then after ``linger`` seconds close the session (revoking the lease) and exit.
-
-    SIGKILL (the failover bench) simply kills it; the lease then runs out.
-    """
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    async with ef.AsyncClient(endpoint) as client:
-        session = client.session(ttl)
-        await session.open()
-        election = session.election(name)
-        campaign = asyncio.ensure_future(election.campaign(value))
-        stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({campaign, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if campaign.done():
-            print(f"elected {campaign.result().value} {session.lease_id:x}", flush=True)
-            await stop.wait()
-            await election.resign()
-            print("resigned", flush=True)
-            await asyncio.sleep(linger)
-        else:
-            campaign.cancel()
-        stopped.cancel()
-        await session.aclose()
-
-
-def child_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="handoff.py child")
-    parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--ttl", type=int, default=5)
-    parser.add_argument("--value", default="candidate")
-    parser.add_argument("--linger", type=float, default=LINGER)
-    args = parser.parse_args(argv)
-    asyncio.run(_child(args.endpoint, args.name, args.ttl, args.value, args.linger))
-    return 0
+# --------------------------------------------------------------------------- candidates
 
 
 def child_command(
     endpoint: str, name: str, ttl: int, value: str, linger: float = LINGER
 ) -> list[str]:
-    script = str(Path(__file__).resolve())
-    return [sys.executable, script, "child", "--endpoint", endpoint, "--name", name,
-            "--ttl", str(ttl), "--value", value, "--linger", str(linger)]  # fmt: skip
+    """One etcdfence candidate: the test suite's contender in ``hold`` mode (campaign,
+    report, wait; on SIGINT resign, close the session ``linger`` s later). Its
+    election is ``<name>/election``, so ``get_prefix(name + "/")`` counts the
+    candidates of either side."""
+    return [sys.executable, "-m", "etcdfence.testing.contender", "--api", "async",
+            "--mode", "hold", "--endpoints", endpoint, "--root", name, "--id", value,
+            "--ttl", str(ttl), "--timeout", "5", "--linger", str(linger)]  # fmt: skip
+
+
+def elected_at(reader: Any, timeout: float) -> float:
+    """When the line a candidate prints once elected arrived: etcdctl's first line (the
+    leader key), the contender's ``elected`` event (its other events are skipped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        at, line = reader.next(timeout=max(0.0, deadline - time.monotonic()))
+        if not line.startswith("{") or '"kind":"elected"' in line:
+            return float(at)
 
 
 # --------------------------------------------------------------------------- chains
@@ -148,7 +119,7 @@ def start_chain(
             proc, reader = spawn(command, env)
             procs.append((proc, reader))
             if i == 0:
-                reader.next(timeout=30)  # the first one leads at once
+                elected_at(reader, 30)  # the first one leads at once
             else:
                 wait_until(
                     lambda i=i: len(client.get_prefix(name + "/")) >= i + 1,  # type: ignore[misc]
@@ -174,8 +145,7 @@ def run_chain(
             proc, _ = procs[i]
             sent = time.monotonic()
             proc.send_signal(signal.SIGINT)
-            elected, _ = procs[i + 1][1].next(timeout=30)
-            latencies.append(elected - sent)
+            latencies.append(elected_at(procs[i + 1][1], 30) - sent)
             proc.wait(10)
     finally:
         for proc, _ in procs:
@@ -223,8 +193,7 @@ def fresh_handoff(client: ef.Client, commands: list[list[str]], name: str, env: 
         time.sleep(FRESH_AFTER)
         sent = time.monotonic()
         procs[0][0].send_signal(signal.SIGINT)
-        elected, _ = procs[1][1].next(timeout=30)
-        return float(elected - sent)
+        return elected_at(procs[1][1], 30) - sent
     finally:
         for proc, _ in procs:
             if proc.poll() is None:
@@ -495,9 +464,6 @@ def _findings(data: Json) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["child"]:
-        return child_main(argv[1:])
     parser = topic_args(__doc__)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--chain", type=int, default=None, help="candidates per chain")

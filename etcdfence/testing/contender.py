@@ -1,8 +1,9 @@
 """A contender process that reports what it does as history events (JSON lines).
 
     python -m etcdfence.testing.contender --endpoints URLS --root ROOT --id ID
-        [--api sync|async] [--mode elector|once|naive] [--naive] [--ttl 1] [--margin M]
-        [--resource res] [--interval 0.05] [--timeout 2.0] [--term 0] [--unsafe]
+        [--api sync|async] [--mode elector|once|naive|hold] [--naive] [--ttl 1]
+        [--margin M] [--resource res] [--interval 0.05] [--timeout 2.0] [--term 0]
+        [--unsafe] [--value V] [--linger 0]
 
 Use it when a test needs a leader in *another process* — to freeze it (SIGSTOP), cut it
 off, skew its clock — and needs to know afterwards what it did and believed. Every step
@@ -31,10 +32,17 @@ own (faked) clock, so the parent has to re-stamp them on arrival.
   write with its old token (Kleppmann's client 1) — the resource has to reject it;
 - ``once``: campaign once, write until the session expires, then make one more write
   with the old token (the late write of a paused leader, which must bounce) and exit;
+- ``hold``: campaign once and write nothing: a bare candidate (campaign, report,
+  wait) for the handoff and failover benchmarks, which time its ``elected`` line;
 - ``naive`` (also ``--naive``): the control of the partition scenarios — campaign
   once, write with plain puts and *ignore the local deadline*, a client that trusts its
   lease until etcd tells it otherwise. It reports no session deadline, so the checker
   takes it to believe it leads until it exits.
+
+In the single-campaign modes (``once``, ``hold``, ``naive``) SIGTERM/SIGINT also ends
+a campaign that is still waiting; a leader resigns, keeps its session ``--linger``
+seconds more, then closes it (revoking the lease). ``--value`` is the proposal
+(default: the id).
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ from .history import Layout, PendingWrite, Recorder, jsonl_sink
 
 __all__ = ["main", "parse_args"]
 
-MODES = ("elector", "once", "naive")
+MODES = ("elector", "once", "naive", "hold")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,11 +88,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--term", type=float, default=0.0, help="step down after leading this long (0: never)"
     )
     parser.add_argument("--unsafe", action="store_true", help="write without the fence guard")
+    parser.add_argument("--value", default=None, help="the proposal (default: the id)")
+    parser.add_argument(
+        "--linger", type=float, default=0.0, help="seconds between resigning and closing"
+    )
     args = parser.parse_args(argv)
     if args.naive:
         args.mode = "naive"
     args.endpoints = args.endpoints.split(",")
+    if args.value is None:
+        args.value = args.id
     return args
+
+
+class _Quit(Exception):
+    """Interrupts a campaign that is still waiting when the process is told to stop."""
 
 
 class _Writes:
@@ -160,9 +178,19 @@ class _Contender:
         if not quitting():
             self.recorder.campaign()
 
-    def on_expired(self) -> None:
-        """The session of a single campaign (once mode) expired."""
-        self.recorder.lost("session expired=True")
+    def on_expired(self, wake: Any) -> Callable[[], None]:
+        """The callback for the session of a single campaign: record the loss, wake."""
+
+        def expired() -> None:
+            if self.args.mode != "naive":
+                self.recorder.lost("session expired=True")
+                wake.set()
+
+        return expired
+
+    def loops(self, quitting: bool, session: Any) -> bool:
+        """Whether a single-campaign loop goes on (naive ignores its deadline)."""
+        return not quitting and (self.args.mode == "naive" or not session.expired)
 
 
 # ----------------------------------------------------------------------------- sync
@@ -170,20 +198,50 @@ class _Contender:
 
 def _sync_once(state: _Contender, client: ef.Client, quit_: threading.Event) -> None:
     args, recorder = state.args, state.recorder
+    wake = threading.Event()  # quit, or (once, hold) the session expired
+    _after(quit_, wake.set)
     recorder.campaign()
     with client.session(args.ttl, margin=args.margin) as session:
         state.session = session
-        if args.mode == "once":
-            session.on_expired(state.on_expired)
-        token = session.election(state.layout.election).campaign(args.id)
+        session.on_expired(state.on_expired(wake))
+        election = session.election(state.layout.election)
+        _after(wake, lambda: session.interrupt_waiters(_Quit()))  # a campaign still waiting
+        try:
+            token = election.campaign(args.value)
+        except (_Quit, ef.EtcdfenceError) as err:
+            recorder.note(f"campaign ended: {type(err).__name__}")
+            return
         recorder.elected(token)
-        while not quit_.is_set() and (args.mode == "naive" or not session.expired):
+        if args.mode == "hold":
+            wake.wait()
+        while state.loops(quit_.is_set(), session) and args.mode != "hold":
             time.sleep(args.interval)
             state.writes.write(token)
         if session.expired and args.mode == "once":
             state.writes.write(token)  # a paused leader's late write: it must bounce
-        else:
+        elif not session.expired or args.mode == "naive":
             recorder.lost("stopped")
+            _sync_resign(election, recorder, args.linger)
+
+
+def _after(event: threading.Event, then: Callable[[], None]) -> None:
+    """Call ``then`` in a daemon thread once ``event`` is set."""
+
+    def waiter() -> None:
+        event.wait()
+        then()
+
+    threading.Thread(target=waiter, name="contender-wake", daemon=True).start()
+
+
+def _sync_resign(election: ef.Election, recorder: Recorder, linger: float) -> None:
+    try:
+        election.resign()
+    except ef.EtcdfenceError as err:
+        recorder.note(f"resign failed: {type(err).__name__}: {err}")
+    else:
+        recorder.note("resigned")
+    time.sleep(linger)
 
 
 def _sync_elector(state: _Contender, client: ef.Client, quit_: threading.Event) -> None:
@@ -241,20 +299,48 @@ def run_sync(args: argparse.Namespace) -> int:
 
 async def _async_once(state: _Contender, client: ef.AsyncClient, quit_: asyncio.Event) -> None:
     args, recorder = state.args, state.recorder
+    wake = asyncio.Event()  # quit, or (once, hold) the session expired
+    waker = asyncio.create_task(quit_.wait())
+    waker.add_done_callback(lambda _: wake.set())
     recorder.campaign()
     async with client.session(args.ttl, margin=args.margin) as session:
         state.session = session
-        if args.mode == "once":
-            session.on_expired(state.on_expired)
-        token = await session.election(state.layout.election).campaign(args.id)
+        session.on_expired(state.on_expired(wake))
+        election = session.election(state.layout.election)
+        campaign = asyncio.create_task(election.campaign(args.value))
+        woken = asyncio.create_task(wake.wait())
+        await asyncio.wait({campaign, woken}, return_when=asyncio.FIRST_COMPLETED)
+        if not campaign.done() or campaign.exception() is not None:
+            campaign.cancel()
+            ended = (await asyncio.gather(campaign, return_exceptions=True))[0]
+            recorder.note(f"campaign ended: {type(ended).__name__}")
+            woken.cancel()
+            waker.cancel()
+            return
+        token = campaign.result()
         recorder.elected(token)
-        while not quit_.is_set() and (args.mode == "naive" or not session.expired):
+        if args.mode == "hold":
+            await woken
+        while state.loops(quit_.is_set(), session) and args.mode != "hold":
             await asyncio.sleep(args.interval)
             await state.writes.awrite(token)
         if session.expired and args.mode == "once":
             await state.writes.awrite(token)  # a paused leader's late write: it must bounce
-        else:
+        elif not session.expired or args.mode == "naive":
             recorder.lost("stopped")
+            await _async_resign(election, recorder, args.linger)
+        woken.cancel()
+        waker.cancel()
+
+
+async def _async_resign(election: ef.AsyncElection, recorder: Recorder, linger: float) -> None:
+    try:
+        await election.resign()
+    except ef.EtcdfenceError as err:
+        recorder.note(f"resign failed: {type(err).__name__}: {err}")
+    else:
+        recorder.note("resigned")
+    await asyncio.sleep(linger)
 
 
 async def _async_elector(state: _Contender, client: ef.AsyncClient, quit_: asyncio.Event) -> None:
