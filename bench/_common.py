@@ -29,9 +29,7 @@ import json
 import math
 import os
 import platform
-import queue
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -40,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -295,70 +293,10 @@ def requests_of(counts: collections.Counter[str]) -> int:
 # --------------------------------------------------------------------------- children
 
 
-class LineReader:
-    """Lines of a child's stdout, each stamped with ``time.monotonic()`` on arrival
-    (read by a thread, so the stamp is not delayed by the parent's own work)."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self.lines: queue.Queue[tuple[float, str] | None] = queue.Queue()
-        self.seen: list[str] = []
-        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.put((time.monotonic(), line.rstrip("\n")))
-        self.lines.put(None)
-
-    def next(self, timeout: float) -> tuple[float, str]:
-        try:
-            item = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"no line within {timeout}s (seen: {self.seen[-5:]})") from None
-        if item is None:
-            raise EOFError(f"child exited (seen: {self.seen[-5:]})")
-        self.seen.append(item[1])
-        return item
-
-
-def spawn(args: list[str], env: dict[str, str] | None = None) -> tuple[Any, LineReader]:
-    proc = subprocess.Popen(
-        args,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        bufsize=1,
-        env=env,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    return proc, LineReader(proc.stdout)
-
-
-def reap(proc: Any, timeout: float = 5.0) -> None:
-    """Make sure a child we started is gone (terminate, then kill)."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
-
-
 def python_child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     return env
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str, step: float = 0.01) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(step)
 
 
 # --------------------------------------------------------------------------- stats

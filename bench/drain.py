@@ -62,10 +62,10 @@ from _common import (
     server_messages,
     start_etcd,
     topic_args,
-    wait_until,
 )
 
 import etcdfence as ef
+from etcdfence.testing.procs import wait_until
 
 SETTLE = 0.2  # after every waiter issued its watch, before the release (not timed)
 LIBS = ("etcdfence", "etcdfence-async", "python3-etcd3")

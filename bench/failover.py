@@ -23,7 +23,6 @@ import random
 import signal
 import sys
 import time
-from typing import Any
 
 from _common import (
     Json,
@@ -33,14 +32,13 @@ from _common import (
     median,
     pyplot,
     python_child_env,
-    reap,
     run_topic,
     save_data,
     save_plot,
     start_etcd,
     topic_args,
 )
-from handoff import child_command, elected_at, start_chain
+from handoff import child_command, start_chain
 
 import etcdfence as ef
 
@@ -48,19 +46,18 @@ import etcdfence as ef
 def failover_chain(client: ef.Client, endpoint: str, name: str, ttl: int, k: int) -> list[float]:
     env = python_child_env()
     commands = [child_command(endpoint, name, ttl, f"c{i}") for i in range(k)]
-    procs: list[tuple[Any, Any]] = start_chain(client, commands, name, env)
+    chain = start_chain(client, commands, name, env)
     out: list[float] = []
     try:
         for i in range(k - 1):
             time.sleep(random.uniform(0.1, ttl / 3 + 0.1))
-            proc, _ = procs[i]
             killed = time.monotonic()
-            proc.send_signal(signal.SIGKILL)
-            out.append(elected_at(procs[i + 1][1], ttl + 15) - killed)
-            proc.wait(5)
+            chain[i].proc.send_signal(signal.SIGKILL)
+            out.append(chain[i + 1].elected_at(ttl + 15) - killed)
+            chain[i].proc.wait(5)
     finally:
-        for proc, _ in procs:
-            reap(proc)
+        for candidate in chain:
+            candidate.reap()
     return out
 
 

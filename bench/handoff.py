@@ -58,17 +58,15 @@ from _common import (
     pyplot,
     python_child_env,
     ratio,
-    reap,
     run_topic,
     save_data,
     save_plot,
-    spawn,
     start_etcd,
     topic_args,
-    wait_until,
 )
 
 import etcdfence as ef
+from etcdfence.testing.procs import LineReader, start, stop, wait_until
 
 SIDES = ("etcdctl elect", "etcdfence", "etcdfence, revoke at once", "etcdfence in-process")
 #: How long a resigned etcdfence candidate waits before closing its session (revoking
@@ -96,14 +94,42 @@ def child_command(
             "--ttl", str(ttl), "--timeout", "5", "--linger", str(linger)]  # fmt: skip
 
 
-def elected_at(reader: Any, timeout: float) -> float:
-    """When the line a candidate prints once elected arrived: etcdctl's first line (the
-    leader key), the contender's ``elected`` event (its other events are skipped)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        at, line = reader.next(timeout=max(0.0, deadline - time.monotonic()))
+class Candidate:
+    """One candidate process (etcdctl or the contender) and when it said it was elected.
+
+    Each line is stamped on arrival by :class:`~etcdfence.testing.procs.LineReader`'s
+    reading thread, so the parent's own work does not delay the stamp. The lines that
+    mean "elected": etcdctl's (it prints only once elected: the leader key, then the
+    proposal), the contender's ``elected`` event (its other events are skipped)."""
+
+    def __init__(self, command: list[str], env: dict[str, str] | None) -> None:
+        self.elected: list[float] = []
+        self.proc = start(command, env=env)
+        self.reader = LineReader(self.proc.stdout, on_line=self._take, name="candidate")
+
+    def _take(self, line: str, arrival: float) -> None:
         if not line.startswith("{") or '"kind":"elected"' in line:
-            return float(at)
+            self.elected.append(arrival)
+
+    def elected_at(self, timeout: float) -> float:
+        """When the first "elected" line arrived (waiting up to ``timeout`` s for it)."""
+
+        def ready() -> float | None:
+            if self.elected:
+                return self.elected[0]
+            if self.reader.eof:
+                raise RuntimeError(f"candidate exited unelected: {self.reader.lines[-5:]}")
+            return None
+
+        return wait_until(ready, timeout, "the candidate elected", interval=0.005)
+
+    def interrupt(self) -> None:
+        """SIGINT (resign and exit) if it still runs."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+
+    def reap(self) -> None:
+        stop(self.proc, timeout=5.0)
 
 
 # --------------------------------------------------------------------------- chains
@@ -111,48 +137,51 @@ def elected_at(reader: Any, timeout: float) -> float:
 
 def start_chain(
     client: ef.Client, commands: list[list[str]], name: str, env: dict[str, str] | None
-) -> list[tuple[Any, Any]]:
+) -> list[Candidate]:
     """Start the candidates in order; return once all are queued (first elected)."""
-    procs: list[tuple[Any, Any]] = []
+    chain: list[Candidate] = []
     try:
         for i, command in enumerate(commands):
-            proc, reader = spawn(command, env)
-            procs.append((proc, reader))
+            chain.append(Candidate(command, env))
             if i == 0:
-                elected_at(reader, 30)  # the first one leads at once
+                chain[0].elected_at(30)  # the first one leads at once
             else:
-                wait_until(
+                wait_until(  # polled every 10 ms: the fresh case times from this
                     lambda i=i: len(client.get_prefix(name + "/")) >= i + 1,  # type: ignore[misc]
                     30,
                     f"candidate {i} of {name} to queue",
+                    interval=0.01,
                 )
     except BaseException:
-        for proc, _ in procs:
-            reap(proc)
+        for candidate in chain:
+            candidate.reap()
         raise
-    return procs
+    return chain
+
+
+def end_chain(chain: list[Candidate]) -> None:
+    """SIGINT every candidate still running, then reap them all."""
+    for candidate in chain:
+        candidate.interrupt()
+    for candidate in chain:
+        candidate.reap()
 
 
 def run_chain(
     client: ef.Client, commands: list[list[str]], name: str, env: dict[str, str] | None
 ) -> list[float]:
     """Hand leadership down the chain with SIGINT; seconds from signal to next elected."""
-    procs = start_chain(client, commands, name, env)
+    chain = start_chain(client, commands, name, env)
     latencies: list[float] = []
     try:
-        for i in range(len(procs) - 1):
+        for i in range(len(chain) - 1):
             time.sleep(0.05)
-            proc, _ = procs[i]
             sent = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            latencies.append(elected_at(procs[i + 1][1], 30) - sent)
-            proc.wait(10)
+            chain[i].proc.send_signal(signal.SIGINT)
+            latencies.append(chain[i + 1].elected_at(30) - sent)
+            chain[i].proc.wait(10)
     finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc, _ in procs:
-            reap(proc)
+        end_chain(chain)
     return latencies
 
 
@@ -188,18 +217,14 @@ async def _in_process(endpoint: str, name: str, k: int) -> list[float]:
 
 def fresh_handoff(client: ef.Client, commands: list[list[str]], name: str, env: Any) -> float:
     """Two candidates; SIGINT the leader 20 ms after the second one's key appeared."""
-    procs = start_chain(client, commands, name, env)
+    chain = start_chain(client, commands, name, env)
     try:
         time.sleep(FRESH_AFTER)
         sent = time.monotonic()
-        procs[0][0].send_signal(signal.SIGINT)
-        return elected_at(procs[1][1], 30) - sent
+        chain[0].proc.send_signal(signal.SIGINT)
+        return chain[1].elected_at(30) - sent
     finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc, _ in procs:
-            reap(proc)
+        end_chain(chain)
 
 
 def summary(values: list[float]) -> Json:
