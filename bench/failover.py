@@ -1,8 +1,9 @@
 """Crash failover time vs session TTL (1, 2, 5 s): SIGKILL the leader *process* and
 time until the next candidate process's ``campaign`` returns.
 
-Candidates are ``handoff.py child`` processes (asyncio API, one session of
-the given TTL each) started in a chain on one election, as in the handoff bench.
+Candidates are ``python -m etcdfence.testing.contender --mode hold`` processes
+(asyncio API, one session of the given TTL each) started in a chain on one election,
+as in the handoff bench.
 The parent waits a random 0.1 s … TTL/3 + 0.1 s (so the kill lands at a random
 point of the leader's keepalive cycle), sends SIGKILL, and stamps the first line
 the next candidate prints once elected. Nothing resigns or revokes: the dead
