@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
-import subprocess
 import sys
-import textwrap
 import threading
 import time
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +14,8 @@ from hypothesis import strategies as st
 
 import etcdfence as ef
 from etcdfence.testing import EtcdServer
+from etcdfence.testing.history import Event, Layout, parse_events
+from etcdfence.testing.procs import LineReader, start, stop, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -201,75 +198,51 @@ def test_mark_survives_server_restart(tmp_path: object) -> None:
                 client.fence("durable").put(76, "durable/x", "late")
 
 
-WRITER = """
-import json, sys, time
-import etcdfence as ef
-endpoint, name, res, fenced = sys.argv[1:5]
-with ef.Client(endpoint, timeout=3.0) as client:
-    session = client.session(ttl=1)
-    token = session.lock(name).acquire()
-    print(json.dumps({"event": "elected", "token": token.value}), flush=True)
-    for i in range(60):
-        try:
-            if fenced == "1":
-                client.fence(res).put(token, res + "/data", f"old-{i}")
-            else:
-                client.put(res + "/data", f"old-{i}")   # the unsafe way: no fencing
-            print(json.dumps({"event": "accepted", "token": token.value, "i": i}), flush=True)
-        except ef.StaleTokenError as err:
-            rejected = {"event": "rejected", "token": token.value, "current": err.current}
-            print(json.dumps(rejected), flush=True)
-            break
-        time.sleep(0.05)
-"""
-
-
-def _pause_scenario(endpoint: str, ns: str, fenced: bool) -> tuple[list[dict[str, Any]], bytes]:
-    """Process A leads and writes every 50 ms; it is SIGSTOPped past its TTL; B takes
-    the lock and writes; A is resumed and keeps writing with its old token."""
-    name, res = f"{ns}/lock{int(fenced)}", f"{ns}/res{int(fenced)}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(WRITER),
-            endpoint,
-            name,
-            res,
-            "1" if fenced else "0",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    events = [json.loads(proc.stdout.readline())]
-    events.append(json.loads(proc.stdout.readline()))  # first accepted write
-    os.kill(proc.pid, signal.SIGSTOP)
+def _pause_scenario(endpoint: str, ns: str, fenced: bool) -> tuple[list[Event], bytes, Event]:
+    """Process A (``python -m etcdfence.testing.contender --mode naive``: it trusts its
+    lease and never looks at its deadline) leads and writes every 50 ms; it is
+    SIGSTOPped past its TTL; B is elected and writes; A is resumed and keeps writing
+    with its old token. Returns A's events, the final data and the outcome of A's first
+    write made after it was resumed."""
+    layout = Layout(f"{ns}/run{int(fenced)}")
+    key = layout.data_key("res")
+    command = [sys.executable, "-m", "etcdfence.testing.contender", "--mode", "naive",
+               "--endpoints", endpoint, "--root", layout.root, "--id", "A", "--ttl", "1",
+               "--timeout", "3", *([] if fenced else ["--unsafe"])]  # fmt: skip
+    proc = start(command)
+    out = LineReader(proc.stdout)
     try:
+        out.wait_for(lambda line: '"kind":"accepted"' in line, 15)  # its first write
+        proc.send_signal(signal.SIGSTOP)
         with ef.Client(endpoint) as client, client.session(ttl=5) as session:
-            new = session.lock(name).acquire(timeout=15)
-            client.fence(res).put(new, f"{res}/data", "new-leader")
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.wait(timeout=30)
-            events += [json.loads(x) for x in proc.stdout.read().splitlines() if x.startswith("{")]
-            final = client.get(f"{res}/data")
+            new = session.election(layout.election).campaign("B", timeout=15)
+            layout.guard(client, "res").put(new, key, "new-leader")
+            resumed = time.monotonic()
+            proc.send_signal(signal.SIGCONT)
+
+            def late_outcome() -> Event | None:
+                events = parse_events(out.lines)
+                late = {e.write_id for e in events if e.kind == "write" and e.t > resumed}
+                done = ("accepted", "rejected", "unknown")
+                return next((e for e in events if e.kind in done and e.write_id in late), None)
+
+            outcome = wait_until(late_outcome, 15, "the outcome of A's first write after SIGCONT")
+            stop(proc)
+            final = client.get(key)
             assert final is not None
-            return events, final.value
+            return parse_events(out.lines), final.value, outcome
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 @pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "fencing-off"])
 def test_cross_process_pause(etcd_endpoints: list[str], etcd_namespace: str, fenced: bool) -> None:
-    events, final = _pause_scenario(etcd_endpoints[0], etcd_namespace, fenced)
+    events, final, late = _pause_scenario(etcd_endpoints[0], etcd_namespace, fenced)
     # invariant: the write of the new leader is not lost to the zombie
     violated = final != b"new-leader"
     if fenced:
-        assert not violated, events
-        assert events[-1]["event"] == "rejected"
+        assert not violated, [e.describe() for e in events]
+        assert late.kind == "rejected", late.describe()
     else:
         # the same scenario without fencing must be caught: proves the check can fail
         assert violated, "without fencing the zombie should have overwritten the new leader"

@@ -34,10 +34,11 @@ own (faked) clock, so the parent has to re-stamp them on arrival.
   with the old token (the late write of a paused leader, which must bounce) and exit;
 - ``hold``: campaign once and write nothing: a bare candidate (campaign, report,
   wait) for the handoff and failover benchmarks, which time its ``elected`` line;
-- ``naive`` (also ``--naive``): the control of the partition scenarios — campaign
-  once, write with plain puts and *ignore the local deadline*, a client that trusts its
-  lease until etcd tells it otherwise. It reports no session deadline, so the checker
-  takes it to believe it leads until it exits.
+- ``naive``: campaign once and write until stopped, *ignoring the local deadline* — a
+  client that trusts its lease until etcd tells it otherwise (a zombie the fence has to
+  stop). It reports no session deadline, so the checker takes it to believe it leads
+  until it exits. ``--naive`` is ``--mode naive --unsafe``, the control of the
+  partition scenarios (no deadline, no guard).
 
 In the single-campaign modes (``once``, ``hold``, ``naive``) SIGTERM/SIGINT also ends
 a campaign that is still waiting; a leader resigns, keeps its session ``--linger``
@@ -78,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--id", required=True, help="contender name (also its identity)")
     parser.add_argument("--api", choices=["sync", "async"], default="sync")
     parser.add_argument("--mode", choices=MODES, default="elector")
-    parser.add_argument("--naive", action="store_true", help="same as --mode naive")
+    parser.add_argument("--naive", action="store_true", help="--mode naive --unsafe")
     parser.add_argument("--ttl", type=int, default=1)
     parser.add_argument("--margin", type=float, default=None)
     parser.add_argument("--resource", default="res")
@@ -94,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.naive:
-        args.mode = "naive"
+        args.mode, args.unsafe = "naive", True
     args.endpoints = args.endpoints.split(",")
     if args.value is None:
         args.value = args.id
@@ -115,7 +116,7 @@ class _Writes:
         self.resource = args.resource
         self.key = layout.data_key(args.resource)
         self.guard = layout.guard(client, args.resource)
-        self.plain = args.unsafe or args.mode == "naive"
+        self.plain = args.unsafe
 
     def call(self, token: ef.FencingToken, pending: PendingWrite) -> Any:
         if self.plain:
