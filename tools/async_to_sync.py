@@ -56,6 +56,7 @@ NAMES: dict[str, str] = {
     "AsyncLock": "Lock",
     "AsyncSession": "Session",
     "AsyncWatch": "Watch",
+    "AsyncWatchHub": "WatchHub",
     # protocols and library names
     "aclose": "close",
     "__aenter__": "__enter__",

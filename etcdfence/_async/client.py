@@ -22,7 +22,7 @@ from .guard import AsyncFenceGuard
 from .keepalive import AsyncKeepAlives
 from .observe import observe_leader
 from .session import AsyncSession
-from .watch import AsyncWatch
+from .watch import AsyncWatch, AsyncWatchHub
 
 
 class AsyncClient:
@@ -62,6 +62,7 @@ class AsyncClient:
             server_name=server_name,
         )
         self._keepalives = AsyncKeepAlives(self._conn)
+        self._watches = AsyncWatchHub(self._conn)  # every watch of this client, one stream
 
     @property
     def endpoints(self) -> list[str]:
@@ -272,6 +273,7 @@ class AsyncClient:
     async def aclose(self) -> None:
         """Close every channel. Sessions should be closed first (they revoke leases)."""
         await self._keepalives.aclose()
+        await self._watches.aclose()
         await self._conn.aclose()
 
     async def __aenter__(self) -> AsyncClient:

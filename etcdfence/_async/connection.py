@@ -144,6 +144,8 @@ class AsyncConnection:
         self._closed = False
         self._probed: set[int] = set()  # plaintext endpoints already probed for TLS
         self._observers: tuple[Callable[[CallRecord], Any], ...] = ()
+        #: The client's watch hub (``AsyncWatchHub``), which attaches itself here.
+        self.watches: Any = None
 
     # -- channels ------------------------------------------------------------
 

@@ -1,19 +1,33 @@
-"""A watch on one key or prefix that survives broken streams.
+"""Watches on keys and prefixes, all of one client on one stream, surviving breaks.
 
-Used internally by locks (waiting for the key ahead to go), elections
-(``observe``) and the leader elector. Each watch keeps the revision it has
-delivered up to; when the stream breaks (endpoint down, proxy reset, auth token
-expired) it reopens, on the next endpoint if needed, from that revision + 1, so
-no event is lost or repeated. If etcd has compacted the revisions it needs, the
-consumer gets :class:`CompactedError` — never a silent gap.
+Used by locks (waiting for the key ahead to go), elections (``observe``), the leader
+elector and users (``client.watch``). Every watch of a client shares one ``Watch``
+stream (:class:`AsyncWatchHub`), the way Go's clientv3 multiplexes them: each is
+created on it with its own id (etcd 3.4+ takes a client-chosen ``watch_id``), its
+events are routed by that id, and it is cancelled by id. Each watch keeps the
+revision it has delivered up to; when the stream breaks (endpoint down, proxy reset,
+auth token expired) the hub reopens it, on the next endpoint if needed, and every
+watch resumes from its own revision + 1, so no event is lost or repeated. If etcd has
+compacted the revisions one watch needs, that watch's consumer gets
+:class:`CompactedError` — never a silent gap — and the others go on.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 from typing import Any
 
+from .._log import log
 from .._wire import messages as m
-from ..errors import AuthError, CompactedError, EtcdfenceError, EtcdUnavailableError, TLSError
+from ..errors import (
+    AuthError,
+    AuthTokenExpiredError,
+    CompactedError,
+    EtcdfenceError,
+    EtcdUnavailableError,
+    TLSError,
+)
 from ..types import KeyValue, WatchBatch, WatchEvent
 from . import _compat
 from .connection import AsyncConnection, EtcdStream
@@ -33,6 +47,176 @@ def _batch(response: Any) -> WatchBatch:
         for ev in response.events
     )
     return WatchBatch(response.header.revision, events)
+
+
+class AsyncWatchHub:
+    """One ``Watch`` stream for every watch of a client (see the module docstring).
+
+    The client creates it; watches register on ``start`` and leave on ``aclose``.
+    """
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._conn = conn
+        conn.watches = self
+        self._ids = itertools.count(1)
+        self._guard = threading.Lock()
+        self._active: dict[int, AsyncWatch] = {}  # watch id on the current stream -> watch
+        self._watches: set[AsyncWatch] = set()  # every registered watch
+        self._outbox: _compat.Queue[Any] = _compat.Queue()
+        self._stop = _compat.Event()
+        self._worker: _compat.Background | None = None
+        self._stream_number = 0  # counts the streams opened (one per _serve)
+        self._reauth_stream = -1  # the stream on which a re-authentication was asked for
+        self._token: str | None = None
+
+    def register(self, watch: AsyncWatch) -> None:
+        """Create ``watch`` on the shared stream (opening it on first use)."""
+        with self._guard:
+            self._watches.add(watch)
+            if self._worker is None:
+                self._worker = _compat.Background(self._run, name="etcdfence-watches")
+        _compat.queue_put(self._outbox, ("create", watch))
+
+    def unregister(self, watch: AsyncWatch) -> None:
+        """Cancel ``watch`` at etcd and forget it."""
+        with self._guard:
+            self._watches.discard(watch)
+            wid = watch.hub_id
+            known = self._active.pop(wid, None) is watch
+        if known:
+            _compat.queue_put(self._outbox, ("cancel", wid))
+
+    def __len__(self) -> int:
+        return len(self._watches)
+
+    async def aclose(self) -> None:
+        """Stop the stream; every watch still open ends with an error."""
+        self._stop.set()
+        _compat.queue_put(self._outbox, ("stop", None))
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.cancel()
+            await worker.join(2.0)
+        closed = EtcdUnavailableError("watch ended: the client is closed")
+        for watch in list(self._watches):
+            watch.interrupt(closed)
+
+    # -- the stream -------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._conn.keep_stream("Watch", self._serve, stop=self._stop, fatal=self._fatal)
+        except EtcdfenceError as err:
+            for watch in list(self._watches):
+                watch.interrupt(err)
+
+    async def _serve(self, stream: EtcdStream) -> None:
+        """(Re)create every registered watch from its own revision, then send creates
+        and cancels as they come while a reader routes the answers."""
+        with self._guard:
+            self._stream_number += 1
+            self._active.clear()
+            resume = list(self._watches)
+        self._token = self._conn.token
+        for watch in resume:
+            await self._create(stream, watch)
+        broken: list[BaseException] = []
+        reader = _compat.Background(self._read, stream, broken, name="etcdfence-watch-read")
+        try:
+            while not self._stop.is_set():
+                if broken:
+                    raise broken[0]
+                try:
+                    kind, item = await _compat.queue_get(self._outbox, 0.5)
+                except TimeoutError:
+                    continue
+                if kind == "create" and item in self._watches and item.hub_id not in self._active:
+                    await self._create(stream, item)
+                elif kind == "cancel":
+                    request = m.WatchRequest(cancel_request=m.WatchCancelRequest(watch_id=item))
+                    await stream.write(request)
+                elif kind == "reauth":  # reopen the stream with a fresh token
+                    raise AuthTokenExpiredError("a watch was refused with an expired token")
+        finally:
+            stream.cancel()
+            reader.cancel()
+
+    async def _create(self, stream: EtcdStream, watch: AsyncWatch) -> None:
+        watch_id = next(self._ids)
+        with self._guard:
+            self._active[watch_id] = watch
+            watch.hub_id = watch_id
+        await stream.write(m.WatchRequest(create_request=watch.create_request(watch_id)))
+
+    async def _read(self, stream: EtcdStream, broken: list[BaseException]) -> None:
+        try:
+            while True:
+                response = await stream.read()
+                if response is None:
+                    raise EtcdUnavailableError("etcd ended the watch stream")
+                self._route(response)
+        except BaseException as err:  # the writer raises it; keep_stream reopens
+            broken.append(err)
+            _compat.queue_put(self._outbox, ("wake", None))
+
+    def _route(self, response: Any) -> None:
+        with self._guard:
+            watch = self._active.get(response.watch_id)
+            if watch is not None and (response.canceled or response.compact_revision):
+                del self._active[response.watch_id]
+        if watch is None:
+            return  # cancelled by us, or a whole-stream progress notification
+        if response.compact_revision or response.canceled:
+            self._ended(watch, response)
+        elif response.created:
+            watch.auth_retried = False
+            watch.confirmed(response.header.revision)
+        elif response.events:
+            watch.deliver(_batch(response))
+        else:  # progress notification: everything up to header.revision is delivered
+            watch.progress(response.header.revision)
+
+    def _ended(self, watch: AsyncWatch, response: Any) -> None:
+        """etcd cancelled one watch: compaction or a refusal reach only its consumer."""
+        if response.compact_revision:
+            error: EtcdfenceError = CompactedError(
+                f"watch on {watch.key!r} needs revision {watch.next_revision}, "
+                f"compacted up to {response.compact_revision}",
+                response.compact_revision,
+            )
+        else:
+            reason = response.cancel_reason or "watch canceled by etcd"
+            if any(hint in reason for hint in _AUTH_CANCEL):
+                error = AuthError(f"watch on {watch.key!r} refused: {reason}")
+                if not watch.auth_retried:
+                    # etcd checks the token when a watch is created and reports an
+                    # expired one as "invalid auth token" (3.4) or "permission denied"
+                    # (3.5): reopen the stream with a fresh token (once per stream, however
+                    # many watches were refused) and create this watch again, once.
+                    watch.auth_retried = True
+                    if self._reauth_stream != self._stream_number:
+                        self._reauth_stream = self._stream_number
+                        _compat.queue_put(self._outbox, ("reauth", None))
+                    return
+            else:
+                error = EtcdUnavailableError(f"watch on {watch.key!r} canceled: {reason}")
+        with self._guard:
+            self._watches.discard(watch)
+        watch.interrupt(error)
+
+    async def _fatal(self, error: EtcdfenceError) -> bool:
+        """Whether ``error`` ends every watch (it is then delivered to each)."""
+        if isinstance(error, AuthError) and not isinstance(error, TLSError):
+            try:
+                return not await self._conn.reauthenticate(self._token)
+            except AuthError:
+                return True
+            except EtcdfenceError:
+                return False
+        if self._conn.closed:
+            raise EtcdUnavailableError("watches ended: the client is closed")
+        log.debug("etcdfence.watch_stream_retry", error=str(error))
+        return False
 
 
 class AsyncWatch:
@@ -58,13 +242,19 @@ class AsyncWatch:
         self._prev_kv = prev_kv
         self._queue: _compat.Queue[Any] = _compat.Queue()
         self._closed = False
-        self._stop = _compat.Event()  # set by close(): the stream loop ends
-        self._auth_retried = False
-        self._token: str | None = None
-        self._stream: EtcdStream | None = None
-        self._worker: _compat.Background | None = None
+        self._started = False
         self._created = _compat.Event()
         self._created_revision = 0
+        self.hub_id = 0  # its id on the hub's current stream (0: not created there)
+        self.auth_retried = False  # refused for auth once: created again after a new token
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def start(self, timeout: float | None = None) -> AsyncWatch:
         """Open the watch and return once etcd confirmed it: every change after
@@ -74,8 +264,10 @@ class AsyncWatch:
         Raises :class:`EtcdUnavailableError` (and closes the watch) if etcd did not confirm
         it within ``timeout`` (default: the client's timeout).
         """
-        if self._worker is None:
-            self._worker = _compat.Background(self._run, name=f"etcdfence-watch-{self._key!r}")
+        if not self._started:
+            self._started = True
+            hub: AsyncWatchHub = self._conn.watches
+            hub.register(self)
         wait = self._conn.timeout if timeout is None else timeout
         if not await _compat.wait_event(self._created, wait):
             await self.aclose()
@@ -100,80 +292,34 @@ class AsyncWatch:
         _compat.queue_put(self._queue, error)
         self._created.set()
 
-    async def _run(self) -> None:
-        try:
-            await self._conn.keep_stream("Watch", self._follow, stop=self._stop, fatal=self._fatal)
-        except EtcdfenceError as err:
-            _compat.queue_put(self._queue, err)
+    # -- what the hub calls ------------------------------------------------------------------
 
-    async def _follow(self, stream: EtcdStream) -> None:
-        """Create the watch on ``stream`` (from where it left off) and deliver events
-        until the stream breaks (raises) or the watch is closed."""
-        self._stream = stream
-        self._token = self._conn.token
-        try:
-            create = m.WatchCreateRequest(
-                key=self._key,
-                range_end=self._range_end,
-                start_revision=self._next_revision,
-                prev_kv=self._prev_kv,
-                progress_notify=True,
-            )
-            await stream.write(m.WatchRequest(create_request=create))
-            while not self._stop.is_set():
-                response = await stream.read()
-                if response is None:
-                    raise EtcdUnavailableError("etcd ended the watch stream")
-                self._handle(response)
-        finally:
-            self._stream = None
+    def create_request(self, watch_id: int) -> Any:
+        """The create request that (re)starts this watch where it left off."""
+        return m.WatchCreateRequest(
+            key=self._key,
+            range_end=self._range_end,
+            start_revision=self._next_revision,
+            prev_kv=self._prev_kv,
+            progress_notify=True,
+            watch_id=watch_id,
+        )
 
-    def _handle(self, response: Any) -> None:
-        if response.compact_revision:
-            raise CompactedError(
-                f"watch on {self._key!r} needs revision {self._next_revision}, "
-                f"compacted up to {response.compact_revision}",
-                response.compact_revision,
-            )
-        if response.canceled:
-            reason = response.cancel_reason or "watch canceled by etcd"
-            if any(hint in reason for hint in _AUTH_CANCEL):
-                raise AuthError(f"watch on {self._key!r} refused: {reason}")
-            raise EtcdUnavailableError(f"watch on {self._key!r} canceled: {reason}")
-        if response.created:
-            self._auth_retried = False
-            if not self._created.is_set():
-                self._created_revision = response.header.revision
-                self._created.set()
-            if self._next_revision == 0:
-                self._next_revision = response.header.revision + 1
-            return
-        if response.events:
-            self._next_revision = response.events[-1].kv.mod_revision + 1
-            _compat.queue_put(self._queue, _batch(response))
-        else:  # progress notification: everything up to header.revision is delivered
-            self._next_revision = max(self._next_revision, response.header.revision + 1)
+    def confirmed(self, revision: int) -> None:
+        if not self._created.is_set():
+            self._created_revision = revision
+            self._created.set()
+        if self._next_revision == 0:
+            self._next_revision = revision + 1
 
-    async def _fatal(self, error: EtcdfenceError) -> bool:
-        """Whether ``error`` ends the watch (it is then delivered to the consumer)."""
-        if isinstance(error, AuthError) and not isinstance(error, TLSError):
-            if not self._auth_retried:
-                # etcd checks the token when a watch is created and reports an expired
-                # one as "invalid auth token" (3.4) or "permission denied" (3.5): get a
-                # fresh token and try once more before calling it a denial.
-                self._auth_retried = True
-                try:
-                    if await self._conn.reauthenticate(self._token):
-                        return False
-                except AuthError:
-                    return True
-                except EtcdfenceError:
-                    self._auth_retried = False
-                    return False
-            return True
-        if self._conn.closed:  # nothing reconnects: end instead of waiting forever
-            raise EtcdUnavailableError(f"watch on {self._key!r} ended: the client is closed")
-        return isinstance(error, CompactedError)
+    def deliver(self, batch: WatchBatch) -> None:
+        self._next_revision = batch.events[-1].kv.mod_revision + 1
+        _compat.queue_put(self._queue, batch)
+
+    def progress(self, revision: int) -> None:
+        self._next_revision = max(self._next_revision, revision + 1)
+
+    # -- the consumer's side -------------------------------------------------------------------
 
     async def get(self, timeout: float | None = None) -> WatchBatch:
         """The next batch; raises :class:`TimeoutError` after ``timeout`` seconds,
@@ -195,18 +341,14 @@ class AsyncWatch:
         return await self.get()
 
     async def aclose(self) -> None:
-        """Stop watching (cancels the stream)."""
+        """Stop watching (cancels it at etcd)."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        stream = self._stream
-        if stream is not None:
-            stream.cancel()
+        if self._started:
+            hub: AsyncWatchHub = self._conn.watches
+            hub.unregister(self)
         _compat.queue_put(self._queue, _CLOSED)
-        if self._worker is not None:
-            self._worker.cancel()
-            await self._worker.join(1.0)
 
     async def __aenter__(self) -> AsyncWatch:
         return await self.start()

@@ -23,7 +23,7 @@ from .guard import FenceGuard
 from .keepalive import KeepAlives
 from .observe import observe_leader
 from .session import Session
-from .watch import Watch
+from .watch import Watch, WatchHub
 
 
 class Client:
@@ -63,6 +63,7 @@ class Client:
             server_name=server_name,
         )
         self._keepalives = KeepAlives(self._conn)
+        self._watches = WatchHub(self._conn)  # every watch of this client, one stream
 
     @property
     def endpoints(self) -> list[str]:
@@ -273,6 +274,7 @@ class Client:
     def close(self) -> None:
         """Close every channel. Sessions should be closed first (they revoke leases)."""
         self._keepalives.close()
+        self._watches.close()
         self._conn.close()
 
     def __enter__(self) -> Client:

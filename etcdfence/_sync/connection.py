@@ -145,6 +145,8 @@ class Connection:
         self._closed = False
         self._probed: set[int] = set()  # plaintext endpoints already probed for TLS
         self._observers: tuple[Callable[[CallRecord], Any], ...] = ()
+        #: The client's watch hub (``WatchHub``), which attaches itself here.
+        self.watches: Any = None
 
     # -- channels ------------------------------------------------------------
 
