@@ -220,9 +220,7 @@ class Contender:
         """
         while True:
             self._session.check()
-            read = self._conn.call(
-                "Txn", _txn.queue_read(my_key, self._prefix, my_rev), idempotent=True
-            )
+            read = self._read_txn(_txn.queue_read(my_key, self._prefix, my_rev))
             mine = read.responses[0].response_range.kvs
             if not mine or mine[0].create_revision != my_rev:
                 raise SessionExpiredError(
@@ -331,14 +329,22 @@ class Contender:
                 while_handling=type(exc).__name__,
             )
 
+    def _read_txn(self, request: Any) -> Any:
+        """Send a read-only txn that a cancelled caller does not cancel.
+
+        etcd 3.5.0–3.5.4 crash (panic) when a read-only txn is cancelled while it is
+        being applied (etcd-io/etcd#14110, fixed in 3.5.5); a waiter cancelled at its
+        re-read must not take the server down. The request runs to its answer and the
+        caller is released at once.
+        """
+        return _compat.settle(_compat.spawn(self._conn.call("Txn", request, idempotent=True)))
+
     def _holds(self) -> bool:
         """Ask etcd whether our key exists with our create revision and is first."""
         token = self._token
         if token is None or token.key is None or self._session.expired:
             return False
-        read = self._conn.call(
-            "Txn", _txn.ownership_read(token.key.encode("utf-8"), self._prefix), idempotent=True
-        )
+        read = self._read_txn(_txn.ownership_read(token.key.encode("utf-8"), self._prefix))
         mine = read.responses[0].response_range.kvs
         owner = read.responses[1].response_range.kvs
         return bool(
