@@ -127,10 +127,9 @@ async def test_a_thousand_queued_waiters_use_one_watch_and_one_keepalive_stream(
             winner = done.pop().result()
             assert winner.value > 0
         finally:
-            for task in waiting:
-                task.cancel()
-            await asyncio.gather(*waiting, return_exceptions=True)
+            # closing the sessions revokes their leases: every waiter ends (SessionExpired)
             await asyncio.gather(*(s.aclose() for s in sessions), holder.aclose())
+            await asyncio.gather(*waiting, return_exceptions=True)
 
 
 async def _count(client: Any, name: str, n: int) -> bool:
