@@ -59,6 +59,7 @@ class KeepAlives:
         self._due: list[tuple[float, int]] = []  # (next keepalive, lease id), lazy
         self._deadlines: list[tuple[float, int]] = []  # (local deadline, lease id), lazy
         self._pending: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._last_answer = 0.0  # when the stream last answered any keepalive
         self._wake = _compat.Event()  # the stream loop: something to send or a new lease
         self._deadline_wake = _compat.Event()  # the deadline loop: a new (earlier) deadline
         self._stop = _compat.Event()
@@ -154,6 +155,7 @@ class KeepAlives:
             self._wake.set()
 
     def _answered(self, lease_id: int, ttl: int) -> None:
+        self._last_answer = _compat.monotonic()
         with self._guard:
             lease = self._leases.get(lease_id)
             if lease is None or not lease.sent_at:
@@ -173,6 +175,7 @@ class KeepAlives:
     def _restart_schedule(self) -> None:
         """A new stream: nothing is outstanding on it; renew every lease now."""
         now = _compat.monotonic()
+        self._last_answer = now
         with self._guard:
             self._pending.clear()
             self._due = []
@@ -197,7 +200,10 @@ class KeepAlives:
         return due
 
     def _silent(self, now: float) -> bool:
-        """Whether the oldest unanswered keepalive waited past its patience."""
+        """Whether the member went silent: a keepalive is unanswered past its patience
+        *and* no answer at all came within that patience. A member that answers — if
+        slowly, under a burst of thousands of renewals — is not failed over; one that
+        stopped answering (frozen, cut off) is."""
         with self._guard:
             while self._pending:
                 patience_ends, lease_id, seq = self._pending[0]
@@ -205,15 +211,19 @@ class KeepAlives:
                 if lease is None or lease.answered >= seq:
                     self._pending.popleft()
                     continue
-                return now >= patience_ends
+                patience = lease.interval / 2
+                return now >= max(patience_ends, self._last_answer + patience)
         return False
 
     def _next_wakeup(self, now: float) -> float:
         with self._guard:
             times = [self._due[0][0]] if self._due else []
             if self._pending:
-                times.append(self._pending[0][0])
-        return max(0.0, min(times) - now) if times else 1.0
+                patience_ends, lease_id, _ = self._pending[0]
+                lease = self._leases.get(lease_id)
+                patience = lease.interval / 2 if lease is not None else 0.0
+                times.append(max(patience_ends, self._last_answer + patience))
+        return max(0.001, min(times) - now) if times else 1.0
 
     # -- local deadlines ---------------------------------------------------------------------
 
