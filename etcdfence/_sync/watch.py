@@ -15,6 +15,8 @@ compacted the revisions one watch needs, that watch's consumer gets
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
 import threading
 from typing import Any
@@ -67,6 +69,7 @@ class WatchHub:
         self._stop = _compat.Event()
         self._worker: _compat.Background | None = None
         self._stream_number = 0  # counts the streams opened (one per _serve)
+        self._creating: collections.deque[Watch] = collections.deque()  # unconfirmed
         self._reauth_stream = -1  # the stream on which a re-authentication was asked for
         self._token: str | None = None
 
@@ -117,6 +120,7 @@ class WatchHub:
         with self._guard:
             self._stream_number += 1
             self._active.clear()
+            self._creating.clear()
             resume = list(self._watches)
         self._token = self._conn.token
         for watch in resume:
@@ -147,6 +151,7 @@ class WatchHub:
         with self._guard:
             self._active[watch_id] = watch
             watch.hub_id = watch_id
+            self._creating.append(watch)
         stream.write(m.WatchRequest(create_request=watch.create_request(watch_id)))
 
     def _read(self, stream: EtcdStream, broken: list[BaseException]) -> None:
@@ -163,8 +168,16 @@ class WatchHub:
     def _route(self, response: Any) -> None:
         with self._guard:
             watch = self._active.get(response.watch_id)
-            if watch is not None and (response.canceled or response.compact_revision):
+            if watch is None and response.canceled and self._creating:
+                # etcd 3.4 refuses a create without echoing its id (watch_id -1): creates
+                # are answered in order, so it is the oldest one not yet confirmed
+                watch = self._creating.popleft()
+                self._active.pop(watch.hub_id, None)
+            elif watch is not None and (response.canceled or response.compact_revision):
                 del self._active[response.watch_id]
+            if watch is not None and (response.created or response.canceled):
+                with contextlib.suppress(ValueError):
+                    self._creating.remove(watch)
         if watch is None:
             return  # cancelled by us, or a whole-stream progress notification
         if response.compact_revision or response.canceled:
