@@ -167,7 +167,7 @@ class AsyncWatchHub:
     def _route(self, response: Any) -> None:
         with self._guard:
             watch = self._active.get(response.watch_id)
-            if watch is None and response.canceled and self._creating:
+            if watch is None and response.watch_id == -1 and response.canceled and self._creating:
                 # etcd 3.4 refuses a create without echoing its id (watch_id -1): creates
                 # are answered in order, so it is the oldest one not yet confirmed
                 watch = self._creating.popleft()
