@@ -421,3 +421,20 @@ def finish(
     result = check(history)
     record.add(result)
     return result
+
+
+def netns_cluster(election_timeout: float) -> Iterator[Any]:
+    """A started 3-member :class:`~etcdfence.testing.netns.NetnsCluster` for a
+    module-scoped ``etcd_cluster`` fixture (``yield from``); skips the module when
+    network namespaces are not available here."""
+    from etcdfence.testing.netns import NetnsCluster, netns_unavailable
+
+    why = netns_unavailable()
+    if why is not None:
+        pytest.skip(f"member partitions need network namespaces: {why}")
+    cluster = NetnsCluster(3, election_timeout_ms=int(election_timeout * 1000))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -54,9 +54,9 @@ from etcdfence.testing.history import (
     check,
     parse_write_value,
 )
-from etcdfence.testing.netns import NetnsCluster, netns_unavailable
+from etcdfence.testing.netns import NetnsCluster
 
-from .conftest import ScenarioRecord, rounds
+from .conftest import ScenarioRecord, netns_cluster, rounds
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.cluster]
 
@@ -333,15 +333,7 @@ def follower_isolation(
 @pytest.fixture(scope="module")
 def etcd_cluster() -> Iterator[NetnsCluster]:
     """This module's cluster: members in network namespaces of our own."""
-    why = netns_unavailable()
-    if why is not None:
-        pytest.skip(f"member partitions need network namespaces: {why}")
-    cluster = NetnsCluster(3, election_timeout_ms=int(ELECTION_TIMEOUT * 1000))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from netns_cluster(ELECTION_TIMEOUT)
 
 
 @pytest.fixture(autouse=True)

@@ -36,7 +36,7 @@ import pytest
 
 import etcdfence as ef
 from etcdfence.testing.history import Observer
-from etcdfence.testing.netns import NetnsCluster, netns_unavailable
+from etcdfence.testing.netns import NetnsCluster
 
 from .conftest import (
     ASYNC_CONTENDER,
@@ -44,6 +44,7 @@ from .conftest import (
     Contenders,
     ScenarioRecord,
     finish,
+    netns_cluster,
     rounds,
     wait_until,
 )
@@ -63,15 +64,7 @@ CONTROLS = SCENARIOS[:4]
 @pytest.fixture(scope="module")
 def etcd_cluster() -> Iterator[NetnsCluster]:
     """This module's cluster: members in network namespaces of our own."""
-    why = netns_unavailable()
-    if why is not None:
-        pytest.skip(f"member partitions need network namespaces: {why}")
-    cluster = NetnsCluster(3, election_timeout_ms=int(ELECTION_TIMEOUT * 1000))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from netns_cluster(ELECTION_TIMEOUT)
 
 
 @pytest.fixture(autouse=True)
