@@ -48,6 +48,9 @@ Lock = threading.Lock
 AQueue = asyncio.Queue
 Queue = _queue.Queue
 
+ASemaphore = asyncio.Semaphore
+Semaphore = threading.Semaphore
+
 AChannel = grpc.aio.Channel
 Channel = grpc.Channel
 
@@ -146,6 +149,25 @@ def queue_get(queue: _queue.Queue[T], timeout: float | None) -> T:
         return queue.get(timeout=timeout)
     except _queue.Empty:
         raise TimeoutError from None
+
+
+async def atake(slots: asyncio.Semaphore, timeout: float) -> bool:
+    """Take one of ``slots`` within ``timeout`` seconds; return whether it was taken
+    (give it back with ``slots.release()``)."""
+    if not slots.locked():
+        await slots.acquire()  # free: returns at once
+        return True
+    try:
+        await asyncio.wait_for(slots.acquire(), max(timeout, 0.0))
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+def take(slots: threading.Semaphore, timeout: float) -> bool:
+    """Take one of ``slots`` within ``timeout`` seconds; return whether it was taken
+    (give it back with ``slots.release()``)."""
+    return slots.acquire(timeout=max(timeout, 0.0))
 
 
 def aqueue_put(queue: asyncio.Queue[T], item: T) -> None:

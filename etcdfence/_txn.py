@@ -101,6 +101,22 @@ def acquire_txn(my_key: bytes, value: bytes, lease: int, prefix: bytes) -> Any:
     )
 
 
+def enqueue_txn(my_key: bytes, value: bytes, lease: int) -> Any:
+    """:func:`acquire_txn` without the read of the first-created key, for a waiter that
+    learns its turn from its client's queue view (``_async/queue.py``): that read
+    sorts the whole queue inside etcd, O(N) per call."""
+    return m.TxnRequest(
+        compare=[cmp_create(my_key, 0)],
+        success=[op_put(my_key, value, lease)],
+        failure=[op_range(range_request(my_key))],
+    )
+
+
+def own_key_read(my_key: bytes) -> Any:
+    """A read-only txn of my key alone (a crowd waiter's confirmation, O(1) for etcd)."""
+    return m.TxnRequest(success=[op_range(range_request(my_key))])
+
+
 def enqueued_revision(response: Any) -> int | None:
     """Our key's create revision from an :func:`acquire_txn` response (``None`` if no
     response arrived)."""

@@ -100,6 +100,38 @@ async def test_compaction_reaches_only_the_watch_it_hits(
         await api.close(behind)
 
 
+async def test_a_slow_consumer_pauses_only_its_own_watch_and_loses_nothing(
+    api: Api, etcd_namespace: str
+) -> None:
+    client = await api.new_client()
+    opened = count_streams(client, "Watch")
+    slow = client.watch(etcd_namespace + "/slow", buffer=4)
+    fast = client.watch(etcd_namespace + "/fast")
+    await api(slow.start)
+    await api(fast.start)
+    try:
+        for i in range(40):  # one batch each: ten times what the slow watch may buffer
+            await api(api.client.put, etcd_namespace + "/slow", f"s{i}")
+        await api(api.client.put, etcd_namespace + "/fast", "f")
+        assert await _collect(api, fast, 1) == [b"f"]  # not stalled behind the slow one
+        assert slow.paused and slow.pending <= 4  # bounded: paused at etcd, nothing piled up
+        # draining it resumes the watch from where its buffer ends: all 40, in order, once
+        assert await _collect(api, slow, 40) == [f"s{i}".encode() for i in range(40)]
+        assert not slow.paused
+        with pytest.raises(TimeoutError):
+            await api(slow.get, 0.3)  # and nothing repeated after the last one
+        assert opened == ["stream:Watch"]  # pausing and resuming reuse the one stream
+    finally:
+        await api.close(slow)
+        await api.close(fast)
+
+
+@pytest.mark.parametrize("buffer", [0, 1, -5, True, 2.5, "8"])
+def test_a_watch_buffer_must_hold_two_batches(etcd_client: ef.Client, buffer: Any) -> None:
+    with pytest.raises(ef.InvalidArgumentError, match="buffer"):
+        etcd_client.watch("k", buffer=buffer)
+
+
 @pytest.mark.timeout(240)
 async def test_a_thousand_queued_waiters_use_one_watch_and_one_keepalive_stream(
     etcd_endpoints: list[str], etcd_namespace: str

@@ -21,8 +21,9 @@ from .connection import AsyncConnection
 from .guard import AsyncFenceGuard
 from .keepalive import AsyncKeepAlives
 from .observe import observe_leader
+from .queue import AsyncQueueViews
 from .session import AsyncSession
-from .watch import AsyncWatch, AsyncWatchHub
+from .watch import DEFAULT_BUFFER, AsyncWatch, AsyncWatchHub
 
 
 class AsyncClient:
@@ -63,6 +64,7 @@ class AsyncClient:
         )
         self._keepalives = AsyncKeepAlives(self._conn)
         self._watches = AsyncWatchHub(self._conn)  # every watch of this client, one stream
+        AsyncQueueViews(self._conn)  # waiters of one name share a view of its queue
 
     @property
     def endpoints(self) -> list[str]:
@@ -220,13 +222,16 @@ class AsyncClient:
         prefix: bool = False,
         start_revision: int = 0,
         prev_kv: bool = False,
+        buffer: int = DEFAULT_BUFFER,
     ) -> AsyncWatch:
         """Watch a key or prefix from ``start_revision`` (0: from now).
 
         Use ``async with client.watch(k) as w: async for batch in w: ...``. The
         watch resumes on another endpoint after a broken stream without losing or
         repeating events, and raises :class:`CompactedError` if etcd no longer
-        has the history it needs.
+        has the history it needs. All watches of a client share one stream; at most
+        ``buffer`` batches wait for a slow consumer, after which its watch pauses at
+        etcd and resumes where it left off once the consumer catches up.
         """
         raw = to_key(key)
         return AsyncWatch(
@@ -235,6 +240,7 @@ class AsyncClient:
             range_end=prefix_range_end(raw) if prefix else b"",
             start_revision=start_revision,
             prev_kv=prev_kv,
+            buffer=buffer,
         )
 
     # -- coordination --------------------------------------------------------------

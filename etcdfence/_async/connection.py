@@ -9,6 +9,8 @@ and a pointer to the endpoint in use. Every unary call goes through
   on the next endpoint, reads and writes alike;
 * an idempotent call (reads, the lease-keyed acquire txn, guarded deletes,
   keepalive) is retried with tenacity until the timeout;
+* a request etcd refused before applying it (its "too many requests" backpressure)
+  is retried with backoff, writes included;
 * a write whose outcome is unknown is never resent: it raises
   :class:`EtcdUnavailableError` and the caller resolves it by re-reading;
 * an expired auth token is refreshed and the call repeated (etcd rejected it
@@ -38,6 +40,7 @@ from .._wire.errors import (
     describe_client_cert,
     never_sent,
     plaintext_refused,
+    refused_unapplied,
     translate,
 )
 from ..errors import (
@@ -50,6 +53,13 @@ from ..errors import (
 )
 from ..types import CallRecord
 from . import _compat
+
+#: Unary requests one client keeps in flight at most; more wait (within their timeout)
+#: for a free slot before they are sent. A burst of thousands (10,000 sessions granted
+#: at once) then reaches etcd at the rate it applies them instead of all at once: each
+#: request answers in tens of milliseconds instead of seconds (a lease is not born
+#: near its deadline), and etcd's "too many requests" backpressure is not hit.
+MAX_IN_FLIGHT = 256
 
 #: etcd's default --max-request-bytes is 1.5 MiB; allow large responses (ranges).
 _MAX_RECEIVE = 64 * 1024 * 1024
@@ -144,8 +154,12 @@ class AsyncConnection:
         self._closed = False
         self._probed: set[int] = set()  # plaintext endpoints already probed for TLS
         self._observers: tuple[Callable[[CallRecord], Any], ...] = ()
+        self._heard: dict[int, float] = {}  # endpoint index -> when it last answered anything
+        self._slots = _compat.Semaphore(MAX_IN_FLIGHT)
         #: The client's watch hub (``AsyncWatchHub``), which attaches itself here.
         self.watches: Any = None
+        #: The client's queue views (``AsyncQueueViews``), which attach themselves here.
+        self.queues: Any = None
 
     # -- channels ------------------------------------------------------------
 
@@ -203,6 +217,12 @@ class AsyncConnection:
         record = CallRecord(method, str(self.endpoints[index]), duration, outcome)
         for observer in self._observers:
             observer(record)  # an observer's exception is the call's: see AsyncClient.on_call
+
+    def heard_from(self, index: int) -> float:
+        """When endpoint ``index`` last answered anything (a call, a stream message),
+        on the monotonic clock; 0.0 if never. A member that answers slowly under a
+        burst is still heard; a frozen or cut-off one is not."""
+        return self._heard.get(index, 0.0)
 
     async def fail_over(self, failed: int) -> None:
         """Endpoint ``failed`` stopped answering (a keepalive went unanswered): move to
@@ -270,13 +290,24 @@ class AsyncConnection:
     # -- calls -------------------------------------------------------------------
 
     async def call(
-        self, method: str, request: Any, *, timeout: float | None = None, idempotent: bool = False
+        self,
+        method: str,
+        request: Any,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = False,
+        on_send: Callable[[float], object] | None = None,
     ) -> Any:
-        """Send one unary request; see the module docstring for the retry rules."""
+        """Send one unary request; see the module docstring for the retry rules.
+
+        ``on_send`` gets the monotonic time each attempt leaves for etcd (after any wait
+        for one of the client's :data:`MAX_IN_FLIGHT` slots): a lease's local deadline
+        counts from the send of the attempt that was answered.
+        """
         timeout = self.timeout if timeout is None else timeout
         deadline = _compat.monotonic() + timeout
         try:
-            return await self._attempt(method, request, deadline, idempotent)
+            return await self._attempt(method, request, deadline, idempotent, on_send=on_send)
         except _Retry as first:
             last: EtcdfenceError = first.error
         try:
@@ -288,7 +319,9 @@ class AsyncConnection:
             ):
                 with attempt:
                     try:
-                        return await self._attempt(method, request, deadline, idempotent, last)
+                        return await self._attempt(
+                            method, request, deadline, idempotent, last, on_send=on_send
+                        )
                     except _Retry as retry:
                         last = retry.error
                         raise
@@ -303,6 +336,8 @@ class AsyncConnection:
         deadline: float,
         idempotent: bool,
         last: EtcdfenceError | None = None,
+        *,
+        on_send: Callable[[float], object] | None = None,
     ) -> Any:
         remaining = deadline - _compat.monotonic()
         index = self._current
@@ -316,15 +351,8 @@ class AsyncConnection:
             await self._authenticate(None)
         token = self._token
         channel = self._channel(index)
-        started = _compat.monotonic()
         try:
-            try:
-                return await self._stub(index, method)(
-                    request, timeout=remaining, metadata=self.metadata()
-                )
-            finally:
-                if self._observers:
-                    self._notify(method, index, _compat.monotonic() - started, sys.exc_info()[1])
+            return await self._send(method, request, index, deadline, on_send)
         except _compat.Aborted:
             if self._channels.get(index) is channel or not _compat.still_wanted():
                 raise  # the caller itself was cancelled
@@ -348,13 +376,41 @@ class AsyncConnection:
             if isinstance(error, EtcdUnavailableError):
                 await self._explain_plaintext(err, index)
                 self.rotate(index)
-                if idempotent or never_sent(err):
+                if idempotent or never_sent(err) or refused_unapplied(err):
                     raise _Retry(error) from None
                 raise EtcdUnavailableError(
                     f"{error} — the {method} may or may not have been applied; "
                     "re-read before retrying"
                 ) from None
             raise error from None
+
+    async def _send(
+        self,
+        method: str,
+        request: Any,
+        index: int,
+        deadline: float,
+        on_send: Callable[[float], object] | None,
+    ) -> Any:
+        """One attempt on endpoint ``index``, in one of the client's in-flight slots."""
+        if not await _compat.take(self._slots, deadline - _compat.monotonic()):
+            raise EtcdUnavailableError(
+                f"the {method} was not sent: {MAX_IN_FLIGHT} requests of this client stayed "
+                f"in flight until its timeout (etcd at {self.endpoints[index]} is slow)"
+            )
+        started = _compat.monotonic()
+        try:
+            if on_send is not None:
+                on_send(started)
+            response = await self._stub(index, method)(
+                request, timeout=deadline - started, metadata=self.metadata()
+            )
+            self._heard[index] = _compat.monotonic()
+            return response
+        finally:
+            self._slots.release()
+            if self._observers:
+                self._notify(method, index, _compat.monotonic() - started, sys.exc_info()[1])
 
     async def _explain_plaintext(self, err: grpc.RpcError, index: int) -> None:
         """Raise :class:`TLSError` at once if an ``http://`` endpoint turns out to be a
@@ -380,7 +436,7 @@ class AsyncConnection:
         endpoint = self.endpoints[index]
         if self._observers:
             self._notify("stream:" + name, index, 0.0, None)
-        return EtcdStream(raw, index, lambda err: self._translate(err, endpoint))
+        return EtcdStream(raw, index, lambda err: self._translate(err, endpoint), self._heard)
 
     async def keep_stream(
         self,
@@ -454,9 +510,11 @@ class EtcdStream:
         raw: _compat.Stream,
         endpoint: int,
         translate: Callable[[grpc.RpcError], EtcdfenceError],
+        heard: dict[int, float],
     ) -> None:
         self._raw = raw
         self._translate = translate
+        self._heard = heard
         self.endpoint = endpoint
         self.responses = 0
 
@@ -473,6 +531,7 @@ class EtcdStream:
             raise self._translate(err) from None
         if response is not None:
             self.responses += 1
+            self._heard[self.endpoint] = _compat.monotonic()
         return response
 
     def cancel(self) -> None:

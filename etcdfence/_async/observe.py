@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from .. import metrics
@@ -10,7 +11,7 @@ from .._keys import contender_prefix, prefix_range_end
 from .._log import log
 from .._txn import range_request
 from ..errors import CompactedError
-from ..types import KeyValue, Leader
+from ..types import KeyValue, Leader, WatchEvent
 from . import _compat
 from .connection import AsyncConnection
 from .watch import AsyncWatch
@@ -28,6 +29,18 @@ def _leader_of(name: str, contenders: dict[bytes, Any], revision: int) -> Leader
         lease_id=first.lease_id,
         revision=revision,
     )
+
+
+def _revision_of(event: WatchEvent) -> int:
+    return event.kv.mod_revision
+
+
+def _apply(contenders: dict[bytes, Any], events: Iterable[WatchEvent]) -> None:
+    for event in events:
+        if event.type == "delete":
+            contenders.pop(event.kv.key, None)
+        else:
+            contenders[event.kv.key] = event.kv
 
 
 def _changed(old: Leader | None, new: Leader | None) -> bool:
@@ -76,16 +89,15 @@ async def observe_leader(
                     continue
                 except StopAsyncIteration:
                     break
-                for event in batch.events:
-                    if event.type == "delete":
-                        contenders.pop(event.kv.key, None)
-                    else:
-                        contenders[event.kv.key] = event.kv
-                current = _leader_of(name, contenders, batch.revision)
-                if _changed(last, current):
-                    last = current
-                    metrics.leader_changed(name, None if current is None else current.key)
-                    yield current
+                # one batch can span several revisions (a watch catching up): report the
+                # leader after each of them, so no change is coalesced away
+                for revision, events in itertools.groupby(batch.events, _revision_of):
+                    _apply(contenders, events)
+                    current = _leader_of(name, contenders, revision)
+                    if _changed(last, current):
+                        last = current
+                        metrics.leader_changed(name, None if current is None else current.key)
+                        yield current
         except CompactedError as err:
             log.info("etcdfence.observe_resync", election=name, error=str(err))
         finally:

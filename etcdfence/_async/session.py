@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import metrics
 from .._keys import validate_name
@@ -27,7 +27,6 @@ from .lock import AsyncLock
 if TYPE_CHECKING:
     from .client import AsyncClient
     from .connection import AsyncConnection
-    from .watch import AsyncWatch
 
 
 #: etcd's largest lease TTL in seconds (``MaxLeaseTTL`` in etcd's server/lease/lessor.go).
@@ -41,6 +40,12 @@ def default_margin(ttl: int) -> float:
     differences and scheduling delays between this process and the etcd leader.
     """
     return min(5.0, max(0.2, ttl * 0.1))
+
+
+class Interruptible(Protocol):
+    """What a contender waits on: a watch, or its turn in a queue view."""
+
+    def interrupt(self, error: BaseException) -> None: ...
 
 
 class AsyncSession:
@@ -85,7 +90,7 @@ class AsyncSession:
         self._expiry_reason: str | None = None
         self._interrupted: BaseException | None = None
         self._callbacks: list[Callable[[], Any]] = []
-        self._waiters: list[AsyncWatch] = []
+        self._waiters: list[Interruptible] = []
         self._contenders: dict[str, AsyncLock | AsyncElection] = {}
         self._open_lock = _compat.Lock()
         self._state_lock = threading.Lock()  # guards expiry in the threaded twin too
@@ -140,14 +145,14 @@ class AsyncSession:
                 return self
             if self._expired.is_set():
                 raise SessionExpiredError("the session was closed")
-            sent = _compat.monotonic()
+            sent: list[float] = []  # when the answered attempt left (see call's on_send)
             response = await self._conn.call(
-                "LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl)
+                "LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl), on_send=sent.append
             )
             if response.error:
                 raise EtcdRequestError(f"etcd refused the lease: {response.error}")
             self._ttl = int(response.TTL)
-            self._deadline = sent + self._ttl - self._margin
+            self._deadline = sent[-1] + self._ttl - self._margin
             self._lease_id = int(response.ID)
             self._kept = KeptLease(
                 self._lease_id, self._ttl, self._margin, self._deadline, on_gone=self._expire
@@ -171,14 +176,14 @@ class AsyncSession:
         return self.lease_id
 
     @contextlib.contextmanager
-    def waiting(self, watch: AsyncWatch) -> Iterator[None]:
-        """Mark ``watch`` as one a contender waits on: expiry and
-        :meth:`interrupt_waiters` reach it while the block runs."""
-        self._waiters.append(watch)
+    def waiting(self, waiter: Interruptible) -> Iterator[None]:
+        """Mark ``waiter`` (a watch, a queue turn) as one a contender waits on: expiry
+        and :meth:`interrupt_waiters` reach it while the block runs."""
+        self._waiters.append(waiter)
         try:
             yield
         finally:
-            self._waiters.remove(watch)
+            self._waiters.remove(waiter)
 
     def lose(self, reason: str) -> None:
         """Declare the lease lost because of ``reason`` (etcd said it is gone): the

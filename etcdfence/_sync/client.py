@@ -22,8 +22,9 @@ from .connection import Connection
 from .guard import FenceGuard
 from .keepalive import KeepAlives
 from .observe import observe_leader
+from .queue import QueueViews
 from .session import Session
-from .watch import Watch, WatchHub
+from .watch import DEFAULT_BUFFER, Watch, WatchHub
 
 
 class Client:
@@ -64,6 +65,7 @@ class Client:
         )
         self._keepalives = KeepAlives(self._conn)
         self._watches = WatchHub(self._conn)  # every watch of this client, one stream
+        QueueViews(self._conn)  # waiters of one name share a view of its queue
 
     @property
     def endpoints(self) -> list[str]:
@@ -221,13 +223,16 @@ class Client:
         prefix: bool = False,
         start_revision: int = 0,
         prev_kv: bool = False,
+        buffer: int = DEFAULT_BUFFER,
     ) -> Watch:
         """Watch a key or prefix from ``start_revision`` (0: from now).
 
         Use ``with client.watch(k) as w: for batch in w: ...``. The
         watch resumes on another endpoint after a broken stream without losing or
         repeating events, and raises :class:`CompactedError` if etcd no longer
-        has the history it needs.
+        has the history it needs. All watches of a client share one stream; at most
+        ``buffer`` batches wait for a slow consumer, after which its watch pauses at
+        etcd and resumes where it left off once the consumer catches up.
         """
         raw = to_key(key)
         return Watch(
@@ -236,6 +241,7 @@ class Client:
             range_end=prefix_range_end(raw) if prefix else b"",
             start_revision=start_revision,
             prev_kv=prev_kv,
+            buffer=buffer,
         )
 
     # -- coordination --------------------------------------------------------------

@@ -10,6 +10,8 @@ and a pointer to the endpoint in use. Every unary call goes through
   on the next endpoint, reads and writes alike;
 * an idempotent call (reads, the lease-keyed acquire txn, guarded deletes,
   keepalive) is retried with tenacity until the timeout;
+* a request etcd refused before applying it (its "too many requests" backpressure)
+  is retried with backoff, writes included;
 * a write whose outcome is unknown is never resent: it raises
   :class:`EtcdUnavailableError` and the caller resolves it by re-reading;
 * an expired auth token is refreshed and the call repeated (etcd rejected it
@@ -39,6 +41,7 @@ from .._wire.errors import (
     describe_client_cert,
     never_sent,
     plaintext_refused,
+    refused_unapplied,
     translate,
 )
 from ..errors import (
@@ -51,6 +54,13 @@ from ..errors import (
 )
 from ..types import CallRecord
 from . import _compat
+
+#: Unary requests one client keeps in flight at most; more wait (within their timeout)
+#: for a free slot before they are sent. A burst of thousands (10,000 sessions granted
+#: at once) then reaches etcd at the rate it applies them instead of all at once: each
+#: request answers in tens of milliseconds instead of seconds (a lease is not born
+#: near its deadline), and etcd's "too many requests" backpressure is not hit.
+MAX_IN_FLIGHT = 256
 
 #: etcd's default --max-request-bytes is 1.5 MiB; allow large responses (ranges).
 _MAX_RECEIVE = 64 * 1024 * 1024
@@ -145,8 +155,12 @@ class Connection:
         self._closed = False
         self._probed: set[int] = set()  # plaintext endpoints already probed for TLS
         self._observers: tuple[Callable[[CallRecord], Any], ...] = ()
+        self._heard: dict[int, float] = {}  # endpoint index -> when it last answered anything
+        self._slots = _compat.Semaphore(MAX_IN_FLIGHT)
         #: The client's watch hub (``WatchHub``), which attaches itself here.
         self.watches: Any = None
+        #: The client's queue views (``QueueViews``), which attach themselves here.
+        self.queues: Any = None
 
     # -- channels ------------------------------------------------------------
 
@@ -204,6 +218,12 @@ class Connection:
         record = CallRecord(method, str(self.endpoints[index]), duration, outcome)
         for observer in self._observers:
             observer(record)  # an observer's exception is the call's: see Client.on_call
+
+    def heard_from(self, index: int) -> float:
+        """When endpoint ``index`` last answered anything (a call, a stream message),
+        on the monotonic clock; 0.0 if never. A member that answers slowly under a
+        burst is still heard; a frozen or cut-off one is not."""
+        return self._heard.get(index, 0.0)
 
     def fail_over(self, failed: int) -> None:
         """Endpoint ``failed`` stopped answering (a keepalive went unanswered): move to
@@ -271,13 +291,24 @@ class Connection:
     # -- calls -------------------------------------------------------------------
 
     def call(
-        self, method: str, request: Any, *, timeout: float | None = None, idempotent: bool = False
+        self,
+        method: str,
+        request: Any,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = False,
+        on_send: Callable[[float], object] | None = None,
     ) -> Any:
-        """Send one unary request; see the module docstring for the retry rules."""
+        """Send one unary request; see the module docstring for the retry rules.
+
+        ``on_send`` gets the monotonic time each attempt leaves for etcd (after any wait
+        for one of the client's :data:`MAX_IN_FLIGHT` slots): a lease's local deadline
+        counts from the send of the attempt that was answered.
+        """
         timeout = self.timeout if timeout is None else timeout
         deadline = _compat.monotonic() + timeout
         try:
-            return self._attempt(method, request, deadline, idempotent)
+            return self._attempt(method, request, deadline, idempotent, on_send=on_send)
         except _Retry as first:
             last: EtcdfenceError = first.error
         try:
@@ -289,7 +320,9 @@ class Connection:
             ):
                 with attempt:
                     try:
-                        return self._attempt(method, request, deadline, idempotent, last)
+                        return self._attempt(
+                            method, request, deadline, idempotent, last, on_send=on_send
+                        )
                     except _Retry as retry:
                         last = retry.error
                         raise
@@ -304,6 +337,8 @@ class Connection:
         deadline: float,
         idempotent: bool,
         last: EtcdfenceError | None = None,
+        *,
+        on_send: Callable[[float], object] | None = None,
     ) -> Any:
         remaining = deadline - _compat.monotonic()
         index = self._current
@@ -317,15 +352,8 @@ class Connection:
             self._authenticate(None)
         token = self._token
         channel = self._channel(index)
-        started = _compat.monotonic()
         try:
-            try:
-                return self._stub(index, method)(
-                    request, timeout=remaining, metadata=self.metadata()
-                )
-            finally:
-                if self._observers:
-                    self._notify(method, index, _compat.monotonic() - started, sys.exc_info()[1])
+            return self._send(method, request, index, deadline, on_send)
         except _compat.Aborted:
             if self._channels.get(index) is channel or not _compat.still_wanted():
                 raise  # the caller itself was cancelled
@@ -349,13 +377,41 @@ class Connection:
             if isinstance(error, EtcdUnavailableError):
                 self._explain_plaintext(err, index)
                 self.rotate(index)
-                if idempotent or never_sent(err):
+                if idempotent or never_sent(err) or refused_unapplied(err):
                     raise _Retry(error) from None
                 raise EtcdUnavailableError(
                     f"{error} — the {method} may or may not have been applied; "
                     "re-read before retrying"
                 ) from None
             raise error from None
+
+    def _send(
+        self,
+        method: str,
+        request: Any,
+        index: int,
+        deadline: float,
+        on_send: Callable[[float], object] | None,
+    ) -> Any:
+        """One attempt on endpoint ``index``, in one of the client's in-flight slots."""
+        if not _compat.take(self._slots, deadline - _compat.monotonic()):
+            raise EtcdUnavailableError(
+                f"the {method} was not sent: {MAX_IN_FLIGHT} requests of this client stayed "
+                f"in flight until its timeout (etcd at {self.endpoints[index]} is slow)"
+            )
+        started = _compat.monotonic()
+        try:
+            if on_send is not None:
+                on_send(started)
+            response = self._stub(index, method)(
+                request, timeout=deadline - started, metadata=self.metadata()
+            )
+            self._heard[index] = _compat.monotonic()
+            return response
+        finally:
+            self._slots.release()
+            if self._observers:
+                self._notify(method, index, _compat.monotonic() - started, sys.exc_info()[1])
 
     def _explain_plaintext(self, err: grpc.RpcError, index: int) -> None:
         """Raise :class:`TLSError` at once if an ``http://`` endpoint turns out to be a
@@ -381,7 +437,7 @@ class Connection:
         endpoint = self.endpoints[index]
         if self._observers:
             self._notify("stream:" + name, index, 0.0, None)
-        return EtcdStream(raw, index, lambda err: self._translate(err, endpoint))
+        return EtcdStream(raw, index, lambda err: self._translate(err, endpoint), self._heard)
 
     def keep_stream(
         self,
@@ -455,9 +511,11 @@ class EtcdStream:
         raw: _compat.Stream,
         endpoint: int,
         translate: Callable[[grpc.RpcError], EtcdfenceError],
+        heard: dict[int, float],
     ) -> None:
         self._raw = raw
         self._translate = translate
+        self._heard = heard
         self.endpoint = endpoint
         self.responses = 0
 
@@ -474,6 +532,7 @@ class EtcdStream:
             raise self._translate(err) from None
         if response is not None:
             self.responses += 1
+            self._heard[self.endpoint] = _compat.monotonic()
         return response
 
     def cancel(self) -> None:

@@ -44,6 +44,7 @@ from . import _compat
 from .watch import Watch
 
 if TYPE_CHECKING:
+    from .queue import QueueViews
     from .session import Session
 
 
@@ -119,28 +120,39 @@ class Contender:
             self._set_state(None)
             raise
         attempt = _Attempt(contender_key(self.name, lease_id).encode("utf-8"), lease_id)
+        queues: QueueViews = self._conn.queues
+        crowd = queues.enter(self._prefix)  # another of this client's contenders is queued here
         try:
-            response = self._enqueue(attempt, value)
-            owner = response.responses[1].response_range.kvs
-            if owner and owner[0].create_revision == attempt.revision:
-                revision = int(response.header.revision)
+            response = self._enqueue(attempt, value, crowd)
+            if crowd:
+                revision = self._wait_in_crowd(attempt, deadline)
             else:
-                revision = self._wait_for_turn(attempt.key, attempt.revision, deadline)
+                owner = response.responses[1].response_range.kvs
+                if owner and owner[0].create_revision == attempt.revision:
+                    revision = int(response.header.revision)
+                else:
+                    revision = self._wait_for_turn(attempt.key, attempt.revision, deadline)
             token = self._won(revision, attempt.key, attempt.revision, lease_id)
         except BaseException:
             self._abandon(attempt)
             raise
+        finally:
+            queues.exit(self._prefix)
         self._set_state("held")
         return token
 
-    def _enqueue(self, attempt: _Attempt, value: bytes) -> Any:
+    def _enqueue(self, attempt: _Attempt, value: bytes, crowd: bool) -> Any:
         """The acquire txn (and, when our key holds another value, its update); sets
-        ``attempt.revision`` to our key's create revision."""
+        ``attempt.revision`` to our key's create revision. A crowd waiter leaves out
+        the read of the first-created key (see ``queue.py``)."""
         try:
             # Spawned and settled, not simply awaited: a cancelled caller must not
             # cancel a request that may already be at etcd, or the key could appear
             # after our withdrawal read found nothing.
-            request = _txn.acquire_txn(attempt.key, value, attempt.lease_id, self._prefix)
+            if crowd:
+                request = _txn.enqueue_txn(attempt.key, value, attempt.lease_id)
+            else:
+                request = _txn.acquire_txn(attempt.key, value, attempt.lease_id, self._prefix)
             attempt.request = _compat.spawn(self._conn.call("Txn", request, idempotent=True))
             response = _compat.settle(attempt.request)
         except LeaseNotFoundError:  # revoked or run out before the keepalive could tell us
@@ -210,6 +222,37 @@ class Contender:
             )
             return False
 
+    def _wait_in_crowd(self, attempt: _Attempt, deadline: float | None) -> int:
+        """Wait in this client's shared view of the queue (``queue.py``) until our key is
+        first, then confirm with a read of our key alone; return that read's revision."""
+        queues: QueueViews = self._conn.queues
+        view = queues.join(self._prefix)
+        turn = None
+        try:
+            turn = view.join(attempt.key, attempt.revision)
+            with self._session.waiting(turn):
+                self._session.check()
+                remaining = None if deadline is None else deadline - _compat.monotonic()
+                if not _compat.wait_event(turn.woken, remaining):
+                    raise AcquireTimeoutError(f"{self._kind} {self.name!r} not acquired in time")
+                if turn.error is not None:
+                    raise turn.error
+                read = self._read_txn(_txn.own_key_read(attempt.key))
+                self._check_mine(read, attempt.key, attempt.revision)
+                revision: int = read.header.revision
+                return revision
+        finally:
+            queues.leave(self._prefix, view, turn)
+
+    def _check_mine(self, read: Any, my_key: bytes, my_rev: int) -> None:
+        """Raise :class:`SessionExpiredError` unless ``read``'s first range holds our key."""
+        mine = read.responses[0].response_range.kvs
+        if not mine or mine[0].create_revision != my_rev:
+            raise SessionExpiredError(
+                f"{self._kind} key {my_key.decode()} is gone: the session expired while "
+                "waiting, so no ownership is granted"
+            )
+
     def _wait_for_turn(self, my_key: bytes, my_rev: int, deadline: float | None) -> int:
         """Wait until no key with a lower create revision is left under the prefix and
         return the revision of the read that saw it (the token).
@@ -221,12 +264,7 @@ class Contender:
         while True:
             self._session.check()
             read = self._read_txn(_txn.queue_read(my_key, self._prefix, my_rev))
-            mine = read.responses[0].response_range.kvs
-            if not mine or mine[0].create_revision != my_rev:
-                raise SessionExpiredError(
-                    f"{self._kind} key {my_key.decode()} is gone: the session expired while "
-                    "waiting, so no ownership is granted"
-                )
+            self._check_mine(read, my_key, my_rev)
             ahead = read.responses[1].response_range.kvs
             if not ahead:
                 revision: int = read.header.revision  # ours exists, nobody ahead: we own it

@@ -126,7 +126,7 @@ class KeepAlives:
                 if broken:
                     raise broken[0]
                 now = _compat.monotonic()
-                if self._silent(now):
+                if self._silent(now, stream.endpoint):
                     self._conn.fail_over(stream.endpoint)
                     raise EtcdUnavailableError(
                         f"no keepalive answer from {self._conn.endpoints[stream.endpoint]}"
@@ -138,7 +138,7 @@ class KeepAlives:
                     self._pending.append((now + lease.interval / 2, lease.lease_id, lease.asked))
                     stream.write(m.LeaseKeepAliveRequest(ID=lease.lease_id))
                 self._wake.clear()
-                _compat.wait_event(self._wake, self._next_wakeup(now))
+                _compat.wait_event(self._wake, self._next_wakeup(now, stream.endpoint))
         finally:
             stream.cancel()
             reader.cancel()
@@ -199,11 +199,13 @@ class KeepAlives:
                 due.append(lease)
         return due
 
-    def _silent(self, now: float) -> bool:
+    def _silent(self, now: float, endpoint: int) -> bool:
         """Whether the member went silent: a keepalive is unanswered past its patience
-        *and* no answer at all came within that patience. A member that answers — if
-        slowly, under a burst of thousands of renewals — is not failed over; one that
-        stopped answering (frozen, cut off) is."""
+        *and* the member answered nothing at all — no keepalive, call or watch message —
+        within that patience. A member that answers, if slowly, under a burst of
+        thousands of renewals or grants is not failed over; one that stopped answering
+        (frozen, cut off) is."""
+        heard = max(self._last_answer, self._conn.heard_from(endpoint))
         with self._guard:
             while self._pending:
                 patience_ends, lease_id, seq = self._pending[0]
@@ -212,17 +214,18 @@ class KeepAlives:
                     self._pending.popleft()
                     continue
                 patience = lease.interval / 2
-                return now >= max(patience_ends, self._last_answer + patience)
+                return now >= max(patience_ends, heard + patience)
         return False
 
-    def _next_wakeup(self, now: float) -> float:
+    def _next_wakeup(self, now: float, endpoint: int) -> float:
+        heard = max(self._last_answer, self._conn.heard_from(endpoint))
         with self._guard:
             times = [self._due[0][0]] if self._due else []
             if self._pending:
                 patience_ends, lease_id, _ = self._pending[0]
                 lease = self._leases.get(lease_id)
                 patience = lease.interval / 2 if lease is not None else 0.0
-                times.append(max(patience_ends, self._last_answer + patience))
+                times.append(max(patience_ends, heard + patience))
         return max(0.001, min(times) - now) if times else 1.0
 
     # -- local deadlines ---------------------------------------------------------------------

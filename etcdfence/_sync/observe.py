@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .. import metrics
@@ -11,7 +12,7 @@ from .._keys import contender_prefix, prefix_range_end
 from .._log import log
 from .._txn import range_request
 from ..errors import CompactedError
-from ..types import KeyValue, Leader
+from ..types import KeyValue, Leader, WatchEvent
 from . import _compat
 from .connection import Connection
 from .watch import Watch
@@ -29,6 +30,18 @@ def _leader_of(name: str, contenders: dict[bytes, Any], revision: int) -> Leader
         lease_id=first.lease_id,
         revision=revision,
     )
+
+
+def _revision_of(event: WatchEvent) -> int:
+    return event.kv.mod_revision
+
+
+def _apply(contenders: dict[bytes, Any], events: Iterable[WatchEvent]) -> None:
+    for event in events:
+        if event.type == "delete":
+            contenders.pop(event.kv.key, None)
+        else:
+            contenders[event.kv.key] = event.kv
 
 
 def _changed(old: Leader | None, new: Leader | None) -> bool:
@@ -77,16 +90,15 @@ def observe_leader(
                     continue
                 except StopIteration:
                     break
-                for event in batch.events:
-                    if event.type == "delete":
-                        contenders.pop(event.kv.key, None)
-                    else:
-                        contenders[event.kv.key] = event.kv
-                current = _leader_of(name, contenders, batch.revision)
-                if _changed(last, current):
-                    last = current
-                    metrics.leader_changed(name, None if current is None else current.key)
-                    yield current
+                # one batch can span several revisions (a watch catching up): report the
+                # leader after each of them, so no change is coalesced away
+                for revision, events in itertools.groupby(batch.events, _revision_of):
+                    _apply(contenders, events)
+                    current = _leader_of(name, contenders, revision)
+                    if _changed(last, current):
+                        last = current
+                        metrics.leader_changed(name, None if current is None else current.key)
+                        yield current
         except CompactedError as err:
             log.info("etcdfence.observe_resync", election=name, error=str(err))
         finally:

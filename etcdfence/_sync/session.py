@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import metrics
 from .._keys import validate_name
@@ -28,7 +28,6 @@ from .lock import Lock
 if TYPE_CHECKING:
     from .client import Client
     from .connection import Connection
-    from .watch import Watch
 
 
 #: etcd's largest lease TTL in seconds (``MaxLeaseTTL`` in etcd's server/lease/lessor.go).
@@ -42,6 +41,12 @@ def default_margin(ttl: int) -> float:
     differences and scheduling delays between this process and the etcd leader.
     """
     return min(5.0, max(0.2, ttl * 0.1))
+
+
+class Interruptible(Protocol):
+    """What a contender waits on: a watch, or its turn in a queue view."""
+
+    def interrupt(self, error: BaseException) -> None: ...
 
 
 class Session:
@@ -86,7 +91,7 @@ class Session:
         self._expiry_reason: str | None = None
         self._interrupted: BaseException | None = None
         self._callbacks: list[Callable[[], Any]] = []
-        self._waiters: list[Watch] = []
+        self._waiters: list[Interruptible] = []
         self._contenders: dict[str, Lock | Election] = {}
         self._open_lock = _compat.Lock()
         self._state_lock = threading.Lock()  # guards expiry in the threaded twin too
@@ -141,14 +146,14 @@ class Session:
                 return self
             if self._expired.is_set():
                 raise SessionExpiredError("the session was closed")
-            sent = _compat.monotonic()
+            sent: list[float] = []  # when the answered attempt left (see call's on_send)
             response = self._conn.call(
-                "LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl)
+                "LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl), on_send=sent.append
             )
             if response.error:
                 raise EtcdRequestError(f"etcd refused the lease: {response.error}")
             self._ttl = int(response.TTL)
-            self._deadline = sent + self._ttl - self._margin
+            self._deadline = sent[-1] + self._ttl - self._margin
             self._lease_id = int(response.ID)
             self._kept = KeptLease(
                 self._lease_id, self._ttl, self._margin, self._deadline, on_gone=self._expire
@@ -172,14 +177,14 @@ class Session:
         return self.lease_id
 
     @contextlib.contextmanager
-    def waiting(self, watch: Watch) -> Iterator[None]:
-        """Mark ``watch`` as one a contender waits on: expiry and
-        :meth:`interrupt_waiters` reach it while the block runs."""
-        self._waiters.append(watch)
+    def waiting(self, waiter: Interruptible) -> Iterator[None]:
+        """Mark ``waiter`` (a watch, a queue turn) as one a contender waits on: expiry
+        and :meth:`interrupt_waiters` reach it while the block runs."""
+        self._waiters.append(waiter)
         try:
             yield
         finally:
-            self._waiters.remove(watch)
+            self._waiters.remove(waiter)
 
     def lose(self, reason: str) -> None:
         """Declare the lease lost because of ``reason`` (etcd said it is gone): the

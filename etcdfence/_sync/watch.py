@@ -11,6 +11,13 @@ auth token expired) the hub reopens it, on the next endpoint if needed, and ever
 watch resumes from its own revision + 1, so no event is lost or repeated. If etcd has
 compacted the revisions one watch needs, that watch's consumer gets
 :class:`CompactedError` — never a silent gap — and the others go on.
+
+A slow consumer never stalls the others: each watch buffers at most ``buffer`` batches.
+When its buffer is full the hub cancels that watch at etcd (pauses it) and drops what
+was in flight for it; once the consumer has drained the buffer to half, the watch is
+created again from the revision after the last buffered batch. Nothing is lost or
+repeated (etcd replays the history), nothing grows without bound, and a consumer that
+falls so far behind that etcd compacted the history gets :class:`CompactedError`.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from ..errors import (
     CompactedError,
     EtcdfenceError,
     EtcdUnavailableError,
+    InvalidArgumentError,
     TLSError,
 )
 from ..types import KeyValue, WatchBatch, WatchEvent
@@ -36,6 +44,8 @@ from . import _compat
 from .connection import Connection, EtcdStream
 
 _CLOSED = object()
+#: Batches a watch buffers for its consumer before it is paused at etcd.
+DEFAULT_BUFFER = 1024
 #: Cancel reasons of a watch etcd refused: no permission, or an expired auth token.
 _AUTH_CANCEL = ("permission denied", "invalid auth token", "revision in header is old")
 
@@ -90,6 +100,28 @@ class WatchHub:
         if known:
             _compat.queue_put(self._outbox, ("cancel", wid))
 
+    def pause(self, watch: Watch) -> None:
+        """Cancel ``watch`` at etcd while its consumer's buffer is full (see the module
+        docstring); events in flight for it are dropped and replayed on :meth:`resume`."""
+        with self._guard:
+            wid = watch.hub_id
+            if watch.paused or self._active.get(wid) is not watch:
+                return
+            del self._active[wid]
+            watch.paused = True
+        log.debug("etcdfence.watch_paused", key=watch.key, next_revision=watch.next_revision)
+        _compat.queue_put(self._outbox, ("cancel", wid))
+
+    def resume(self, watch: Watch) -> None:
+        """Create a paused ``watch`` again from the revision after its last buffered batch."""
+        with self._guard:
+            if not watch.paused:
+                return
+            watch.paused = False
+            if watch not in self._watches:
+                return
+        _compat.queue_put(self._outbox, ("create", watch))
+
     def __len__(self) -> int:
         return len(self._watches)
 
@@ -121,7 +153,7 @@ class WatchHub:
             self._stream_number += 1
             self._active.clear()
             self._creating.clear()
-            resume = list(self._watches)
+            resume = [watch for watch in self._watches if not watch.paused]
         self._token = self._conn.token
         for watch in resume:
             self._create(stream, watch)
@@ -135,7 +167,7 @@ class WatchHub:
                     kind, item = _compat.queue_get(self._outbox, 0.5)
                 except TimeoutError:
                     continue
-                if kind == "create" and item in self._watches and item.hub_id not in self._active:
+                if kind == "create" and self._wanted(item):
                     self._create(stream, item)
                 elif kind == "cancel":
                     request = m.WatchRequest(cancel_request=m.WatchCancelRequest(watch_id=item))
@@ -145,6 +177,11 @@ class WatchHub:
         finally:
             stream.cancel()
             reader.cancel()
+
+    def _wanted(self, watch: Watch) -> bool:
+        """Whether a queued create still applies (not closed, paused or created since)."""
+        with self._guard:
+            return watch in self._watches and not watch.paused and watch.hub_id not in self._active
 
     def _create(self, stream: EtcdStream, watch: Watch) -> None:
         watch_id = next(self._ids)
@@ -237,7 +274,9 @@ class Watch:
     """Iterate :class:`WatchBatch` es for a key (``range_end`` empty) or a range.
 
     Create it with :meth:`Client.watch`; ``close()`` it (or use it as a
-    context manager) when done. ``get(timeout)`` waits for the next batch.
+    context manager) when done. ``get(timeout)`` waits for the next batch. At most
+    ``buffer`` batches wait for the consumer; a full buffer pauses the watch at etcd
+    until the consumer catches up (no event is lost; see the module docstring).
     """
 
     def __init__(
@@ -248,8 +287,12 @@ class Watch:
         range_end: bytes = b"",
         start_revision: int = 0,
         prev_kv: bool = False,
+        buffer: int = DEFAULT_BUFFER,
     ) -> None:
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 2:
+            raise InvalidArgumentError(f"watch buffer must be an int >= 2 batches, not {buffer!r}")
         self._conn = conn
+        self._buffer = buffer
         self._key = key
         self._range_end = range_end
         self._next_revision = start_revision
@@ -261,6 +304,7 @@ class Watch:
         self._created_revision = 0
         self.hub_id = 0  # its id on the hub's current stream (0: not created there)
         self.auth_retried = False  # refused for auth once: created again after a new token
+        self.paused = False  # cancelled at etcd while the buffer is full (the hub's guard)
 
     @property
     def key(self) -> bytes:
@@ -296,6 +340,11 @@ class Watch:
         return self._created_revision
 
     @property
+    def pending(self) -> int:
+        """Batches delivered by etcd and not yet taken by the consumer."""
+        return self._queue.qsize()
+
+    @property
     def next_revision(self) -> int:
         """The revision this watch resumes from after a broken stream."""
         return self._next_revision
@@ -329,6 +378,9 @@ class Watch:
     def deliver(self, batch: WatchBatch) -> None:
         self._next_revision = batch.events[-1].kv.mod_revision + 1
         _compat.queue_put(self._queue, batch)
+        if self._queue.qsize() >= self._buffer:
+            hub: WatchHub = self._conn.watches
+            hub.pause(self)
 
     def progress(self, revision: int) -> None:
         self._next_revision = max(self._next_revision, revision + 1)
@@ -345,6 +397,9 @@ class Watch:
             raise StopIteration
         if isinstance(item, BaseException):
             raise item
+        if self.paused and self._queue.qsize() <= self._buffer // 2:
+            hub: WatchHub = self._conn.watches
+            hub.resume(self)
         batch: WatchBatch = item
         return batch
 

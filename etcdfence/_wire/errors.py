@@ -70,6 +70,15 @@ def never_sent(err: grpc.RpcError) -> bool:
     )
 
 
+def refused_unapplied(err: grpc.RpcError) -> bool:
+    """True when etcd refused the request before proposing it, so it was not applied and
+    is safe to resend, writes included: "too many requests" is etcd's backpressure when
+    its applied index lags the committed one by more than 5,000 entries, checked before
+    the request enters raft (``processInternalRaftRequestOnce`` in etcd's
+    server/etcdserver/v3_server.go)."""
+    return "etcdserver: too many requests" in _details(err)
+
+
 def plaintext_refused(err: grpc.RpcError) -> bool:
     """A plaintext connection the server closed at once: what a TLS-only etcd does to
     an ``http://`` client (worth a :func:`~etcdfence._endpoints.speaks_tls` probe)."""
