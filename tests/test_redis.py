@@ -50,7 +50,9 @@ HOST, PORT = ADDRESS.rsplit(":", 1)[0], int(ADDRESS.rsplit(":", 1)[1])
 
 def _reachable() -> str | None:
     try:
-        redis.Redis(host=HOST, port=PORT, socket_timeout=2, socket_connect_timeout=2).ping()
+        redis.Redis(
+            host=HOST, port=PORT, socket_timeout=2, socket_connect_timeout=2, retry=None
+        ).ping()
     except Exception as exc:
         return f"no Redis at {ADDRESS}: {exc.__class__.__name__}: {exc}"
     return None
@@ -155,6 +157,23 @@ def test_largest_token_and_binary_data(r: Any, resource: str) -> None:
     key = f"{{{resource}}}:\xff".encode("latin-1")
     fence.put(top, key, b"")  # empty value, non-UTF-8 key
     assert r.get(key) == b""
+
+
+def test_marks_compare_as_numbers_across_the_digit_split(r: Any, resource: str) -> None:
+    """The script compares tokens as two 10-digit halves, then the epoch."""
+    fence = RedisFence(r, resource)
+    fence.advance(10**10)  # halves (1, 0)
+    with pytest.raises(ef.StaleTokenError):
+        fence.advance(10**10 - 1)  # halves (0, 9999999999)
+    fence.advance(10**10 + 1)
+    other = RedisFence(r, resource)  # another writer of the same term
+    fence.fence_off(10**10 + 1)  # the mark moves to (token, epoch 1)
+    assert fence.current_mark() == (10**10 + 1, 1) and other.epoch(10**10 + 1) == 0
+    other.put(10**10 + 1, k(resource, "a"), "other")  # refused at epoch 0, adopts 1, writes
+    assert other.epoch(10**10 + 1) == 1 and r.get(k(resource, "a")) == b"other"
+    with pytest.raises(ef.StaleTokenError):
+        other.put(10**10, k(resource, "a"), "older term")
+    assert r.get(fence.key) == b"00000000010000000001:0000000001"
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, "7", 7.0, None, 2**63])
@@ -590,8 +609,10 @@ def test_mark_is_lost_when_redis_keeps_nothing_on_disk(r: Any, resource: str) ->
     fence = RedisFence(redis.Redis(host=HOST, port=PORT, socket_timeout=5), resource)
     fence.put(100, k(resource, "a"), "leader")
     try:
+        admin = redis.Redis(host=HOST, port=PORT, retry=None, socket_timeout=5)
         with pytest.raises(redis.exceptions.ConnectionError):
-            r.shutdown(nosave=True)
+            admin.execute_command("SHUTDOWN", "NOSAVE")  # the answer is the closed connection
+        _wait(lambda: _reachable() is not None, 10)
     finally:
         subprocess.run(START, shell=True, check=True, timeout=30)
         _wait(lambda: _reachable() is None, 30)
