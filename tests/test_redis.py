@@ -619,3 +619,53 @@ def test_mark_is_lost_when_redis_keeps_nothing_on_disk(r: Any, resource: str) ->
     assert fence.current() == 0  # the mark is gone ...
     fence.put(50, k(resource, "a"), "zombie")  # ... so a stale token is accepted
     assert fence.current() == 50
+
+
+# --------------------------------------------------------------------------- example
+
+
+def _example() -> Any:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "fenced_redis.py"
+    spec = importlib.util.spec_from_file_location("fenced_redis_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_conformance_parts(r: Any, resource: str) -> None:
+    parts = _example().redis_conformance_parts(r, resource)
+    assert set(parts) == {"write", "read", "restart"} and parts["restart"] is None
+    assert parts["read"]("x") is None
+    parts["write"](8, "x", "v8")
+    parts["write"](8, "x", b"v8b")
+    with pytest.raises(ef.StaleTokenError):
+        parts["write"](7, "x", "zombie")
+    assert parts["read"]("x") == b"v8b" and r.get(k(resource, "x")) == b"v8b"
+    restartable = _example().redis_conformance_parts(r, resource, restart_command="true")
+    assert callable(restartable["restart"])
+
+
+@pytest.mark.integration
+def test_example_writes_under_a_lock_and_refuses_stale(
+    env: dict[str, str], etcd_namespace: str, r: Any, resource: str
+) -> None:
+    from pathlib import Path
+
+    script = str(Path(__file__).resolve().parent.parent / "examples" / "fenced_redis.py")
+    args = ["--redis", ADDRESS, "--resource", resource, "--key", "latest"]
+    locked = subprocess.run(
+        [sys.executable, "-m", "etcdfence", "lock", f"{etcd_namespace}/orders", "--",
+         sys.executable, script, *args, "--value", "v1"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert locked.returncode == 0, locked.stdout + locked.stderr
+    stale = subprocess.run(
+        [sys.executable, script, *args, "--value", "v0", "--token", "1"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert stale.returncode == 3, stale.stdout + stale.stderr
+    assert r.get(k(resource, "latest")) == b"v1"
