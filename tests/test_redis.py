@@ -669,3 +669,19 @@ def test_example_writes_under_a_lock_and_refuses_stale(
     )  # fmt: skip
     assert stale.returncode == 3, stale.stdout + stale.stderr
     assert r.get(k(resource, "latest")) == b"v1"
+
+
+@pytest.mark.integration
+def test_readme_snippet_runs(etcd_endpoints: list[str], r: Any, resource: str) -> None:
+    """The README's RedisFence example, run as written (endpoint and resource swapped)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Fencing Redis keys", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.replace("http://127.0.0.1:2379", etcd_endpoints[0])
+    code = code.replace('"orders"', repr(resource)).replace("{orders}", f"{{{resource}}}")
+    code = code.replace('"jobs/orders"', repr(f"t/{resource}"))
+    exec(compile(code, "README.md", "exec"), {})
+    assert r.mget(k(resource, "latest"), k(resource, "a")) == [b"...", b"1"]
+    assert RedisFence(r, resource).current() > 0
