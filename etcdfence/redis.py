@@ -69,7 +69,7 @@ from . import metrics
 from ._keys import decode_mark_epoch, encode_mark, to_bytes, to_key, validate_name
 from ._log import log
 from ._txn import Delete, Put
-from .epochs import WriterEpochs
+from .epochs import WriterEpochs, lost_attempt
 from .errors import (
     AuthError,
     ConsistencyError,
@@ -430,20 +430,24 @@ class _RedisFenceBase:
 
     def _lost(self, value: int, epoch: int, cause: BaseException, fenced: bool) -> Exception:
         next_epoch = self._epochs.get(value)
-        return OutcomeUnknownError(
-            f"guarded write to {self.resource!r} (token {value}, epoch {epoch}) got no "
-            f"answer from Redis: {cause}. This writer moved to epoch {next_epoch}; the "
-            "attempt "
-            + (
-                "is fenced off: re-read, then decide"
-                if fenced
-                else "may still apply: call fence_off(token), then re-read"
-            ),
-            resource=self.resource,
-            token=value,
-            epoch=epoch,
-            fenced_off=fenced,
-        )
+        return lost_attempt(self.resource, value, epoch, next_epoch, fenced, f"Redis: {cause}")
+
+    def _fence_off_failed(
+        self, exc: EtcdfenceError | _Lost, deadline: float, quick: bool
+    ) -> bool | None:
+        """After a failed fence-off attempt: None to try again (it is idempotent), else
+        whether the attempts are fenced off (``quick``); raises when not ``quick``."""
+        if isinstance(exc, StaleTokenError):
+            if quick:
+                return True  # a higher token fenced every attempt of ours off already
+            raise exc
+        if isinstance(exc, (_Lost, RedisUnavailableError)) and time.monotonic() < deadline:
+            return None
+        if quick:
+            return False
+        if isinstance(exc, _Lost):
+            raise _unavailable(exc.cause, "fencing off") from None
+        raise exc
 
     def _decode_mark(self, raw: Any) -> tuple[int, int]:
         if raw is None:
@@ -578,21 +582,11 @@ class RedisFence(_RedisFenceBase):
                 reply = self._roundtrip(self._command(value, epoch, _NO_OPS))
                 self._settle_advance(value, epoch, reply)
                 return True
-            except StaleTokenError:
-                if quick:
-                    return True  # a higher token fenced every attempt of ours off already
-                raise
-            except (_Lost, RedisUnavailableError) as exc:
-                if time.monotonic() >= deadline:
-                    if quick:
-                        return False
-                    cause = exc.cause if isinstance(exc, _Lost) else exc
-                    raise _unavailable(cause, "fencing off") from None
-                time.sleep(0.05)
-            except EtcdfenceError:
-                if quick:
-                    return False
-                raise
+            except (EtcdfenceError, _Lost) as exc:
+                done = self._fence_off_failed(exc, deadline, quick)
+                if done is not None:
+                    return done
+            time.sleep(0.05)
 
     def fence_off(self, token: FencingToken | int, *, timeout: float = _FENCE_OFF_TIMEOUT) -> None:
         """Make sure no earlier attempt of this writer with ``token`` can apply any more;
@@ -707,21 +701,11 @@ class AsyncRedisFence(_RedisFenceBase):
                 reply = await self._roundtrip(self._command(value, epoch, _NO_OPS))
                 self._settle_advance(value, epoch, reply)
                 return True
-            except StaleTokenError:
-                if quick:
-                    return True
-                raise
-            except (_Lost, RedisUnavailableError) as exc:
-                if time.monotonic() >= deadline:
-                    if quick:
-                        return False
-                    cause = exc.cause if isinstance(exc, _Lost) else exc
-                    raise _unavailable(cause, "fencing off") from None
-                await asyncio.sleep(0.05)
-            except EtcdfenceError:
-                if quick:
-                    return False
-                raise
+            except (EtcdfenceError, _Lost) as exc:
+                done = self._fence_off_failed(exc, deadline, quick)
+                if done is not None:
+                    return done
+            await asyncio.sleep(0.05)
 
     async def fence_off(
         self, token: FencingToken | int, *, timeout: float = _FENCE_OFF_TIMEOUT
