@@ -502,8 +502,11 @@ class RedisFence(_RedisFenceBase):
     at ``etcdfence:fence:{orders}``; data keys carry the same hash tag
     (:meth:`key_for` builds one). Thread-safe: share one per writer across threads.
     Give the client a ``socket_timeout``: a reply that never comes is how a lost write
-    shows, and without a timeout a write waits for ever. Read the module docstring on
-    durability: the mark survives a Redis restart only with persistence on.
+    shows, and without a timeout a write waits for ever. The client's ``retry`` policy
+    still applies to connecting and health checks (nothing of the write is sent yet, so
+    that is safe), and its backoff adds to how long a write to a dead Redis takes to
+    fail. Read the module docstring on durability: the mark survives a Redis restart
+    only with persistence on.
     """
 
     _client_type = redis.Redis

@@ -298,7 +298,7 @@ def test_noscript_after_script_flush_recovers(r: Any, resource: str) -> None:
 
 
 def test_unreachable_redis_is_a_clear_error(resource: str) -> None:
-    dead = redis.Redis(host="127.0.0.1", port=_free_port(), socket_connect_timeout=1)
+    dead = redis.Redis(host="127.0.0.1", port=_free_port(), socket_connect_timeout=1, retry=None)
     fence = RedisFence(dead, resource)
     with pytest.raises(RedisUnavailableError) as info:
         fence.put(1, k(resource, "a"), "v")
@@ -309,7 +309,9 @@ def test_unreachable_redis_is_a_clear_error(resource: str) -> None:
 
 
 async def test_async_unreachable_redis_is_a_clear_error(resource: str) -> None:
-    dead = redis.asyncio.Redis(host="127.0.0.1", port=_free_port(), socket_connect_timeout=1)
+    dead = redis.asyncio.Redis(
+        host="127.0.0.1", port=_free_port(), socket_connect_timeout=1, retry=None
+    )
     fence = AsyncRedisFence(dead, resource)
     with pytest.raises(RedisUnavailableError):
         await fence.put(1, k(resource, "a"), "v")
@@ -511,6 +513,47 @@ def test_lost_answer_after_apply_is_outcome_unknown(r: Any, resource: str) -> No
         proxy.release()
         client.close()
     assert r.get(k(resource, "a")) == b"2"
+
+
+async def test_async_lost_answer_after_apply_is_outcome_unknown(r: Any, resource: str) -> None:
+    with FaultProxy(ADDRESS) as proxy:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=0.5)
+        fence = AsyncRedisFence(client, resource)
+        await fence.put(5, k(resource, "a"), "0")
+        proxy.hold("downstream")
+        with pytest.raises(ef.OutcomeUnknown) as info:
+            await fence.put(5, k(resource, "a"), "1")
+        assert info.value.fenced_off and fence.epoch(5) == 1
+        assert await fence.current_mark() == (5, 1) and r.get(k(resource, "a")) == b"1"
+        proxy.release()
+        await client.aclose()
+
+
+def test_partition_outcome_unknown_then_fence_off_after_heal(r: Any, resource: str) -> None:
+    """Redis cut off entirely: the write's outcome is unknown and cannot be fenced off
+    at once (fenced_off False); fence_off fails while the cut lasts and succeeds after."""
+    with FaultProxy(ADDRESS) as proxy:
+        client = redis.Redis(
+            host="127.0.0.1",
+            port=proxy.port,
+            socket_timeout=0.3,
+            socket_connect_timeout=0.3,
+            retry=None,  # redis-py's own connect retries (safe, nothing sent) only slow this
+        )
+        fence = RedisFence(client, resource)
+        fence.put(5, k(resource, "a"), "0")
+        proxy.blackhole("both")
+        with pytest.raises(ef.OutcomeUnknown) as info:
+            fence.put(5, k(resource, "a"), "1")
+        assert not info.value.fenced_off and "fence_off" in str(info.value)
+        with pytest.raises(RedisUnavailableError):
+            fence.fence_off(5, timeout=0.5)
+        proxy.heal()
+        fence.fence_off(5)
+        token, epoch = fence.current_mark()
+        assert token == 5 and epoch >= 2 and epoch == fence.epoch(5)
+        assert r.get(k(resource, "a")) == b"0"  # the cut attempt never arrived
+        client.close()
 
 
 def test_held_request_landing_late_is_refused(r: Any, resource: str) -> None:
