@@ -725,6 +725,11 @@ def test_readme_snippet_runs(etcd_endpoints: list[str], r: Any, resource: str) -
     code = code.replace("http://127.0.0.1:2379", etcd_endpoints[0])
     code = code.replace('"orders"', repr(resource)).replace("{orders}", f"{{{resource}}}")
     code = code.replace('"jobs/orders"', repr(f"t/{resource}"))
-    exec(compile(code, "README.md", "exec"), {})
+    namespace: dict[str, Any] = {}
+    try:
+        exec(compile(code, "README.md", "exec"), namespace)
+    finally:
+        if "client" in namespace:
+            namespace["client"].close()
     assert r.mget(k(resource, "latest"), k(resource, "a")) == [b"...", b"1"]
     assert RedisFence(r, resource).current() > 0
