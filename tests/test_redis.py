@@ -4,7 +4,8 @@ overrides host:port). Every test uses its own resource (hash tag) and deletes it
 Faults are real: a FaultProxy holds a request or its answer in the network; ``CLIENT
 PAUSE`` holds writes in the server; ``SCRIPT FLUSH`` drops the loaded script. The
 restart test (the mark is not durable on a Redis without persistence) restarts the
-shared server, so it runs only with ``ETCDFENCE_TEST_REDIS_RESTART=1``.
+shared server, so it runs only with ``ETCDFENCE_TEST_REDIS_RESTART=1``. Without a
+Redis the tests skip, unless ``ETCDFENCE_REQUIRE_REDIS=1`` (CI) makes that a failure.
 """
 
 from __future__ import annotations
@@ -58,9 +59,15 @@ def _reachable() -> str | None:
     return None
 
 
+REQUIRE_REDIS = os.environ.get("ETCDFENCE_REQUIRE_REDIS") == "1"
+
+
 @pytest.fixture(scope="module")
 def redis_up() -> None:
+    """Skip (or fail under ETCDFENCE_REQUIRE_REDIS=1, as CI sets) when Redis is down."""
     reason = _reachable()
+    if reason and REQUIRE_REDIS:
+        pytest.fail(f"{reason} (ETCDFENCE_REQUIRE_REDIS=1)")
     if reason:
         pytest.skip(reason)
 
