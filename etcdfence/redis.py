@@ -402,8 +402,8 @@ class _RedisFenceBase:
             return False
         if current <= value:
             raise ConsistencyError(
-                f"the fence script for {self.resource!r} refused {(value, epoch)} "
-                f"below the mark {(current, current_epoch)}"
+                f"the fence script for {self.resource!r} refused {(value, epoch)} though "
+                f"the mark {(current, current_epoch)} is not above it; nothing was written"
             )
         metrics.fence_rejected(self.resource, value, current, elapsed, _BACKEND)
         raise StaleTokenError(self.resource, value, current)
