@@ -22,10 +22,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 import etcdfence as ef
 from etcdfence import metrics
+from etcdfence._keys import MAX_EPOCH, encode_mark
 from etcdfence.testing.proxy import FaultProxy
 from etcdfence.token import MAX_TOKEN
 
@@ -33,6 +36,8 @@ redis = pytest.importorskip("redis")
 pytest.importorskip("redis.asyncio")
 
 from etcdfence.redis import (  # noqa: E402
+    _SCRIPT,
+    _SHA,
     AsyncRedisFence,
     CrossSlotError,
     Delete,
@@ -183,6 +188,43 @@ def test_marks_compare_as_numbers_across_the_digit_split(r: Any, resource: str) 
     assert r.get(fence.key) == b"00000000010000000001:0000000001"
 
 
+_TOKENS = st.one_of(
+    st.integers(1, MAX_TOKEN),
+    st.sampled_from([1, 10**10 - 1, 10**10, 10**10 + 1, 2**53, 2**53 + 1, MAX_TOKEN - 1]),
+)
+_EPOCHS = st.one_of(st.just(0), st.integers(0, MAX_EPOCH))
+
+
+@st.composite
+def _mark_pairs(draw: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A mark and an offered mark: independent, or the mark moved by a few units (where
+    a comparison of doubles or of a rounded token goes wrong)."""
+    held = (draw(_TOKENS), draw(_EPOCHS))
+    if draw(st.booleans()):
+        return held, (draw(_TOKENS), draw(_EPOCHS))
+    token = min(MAX_TOKEN, max(1, held[0] + draw(st.integers(-2, 2))))
+    epoch = min(MAX_EPOCH, max(0, held[1] + draw(st.integers(-2, 2))))
+    return held, (token, epoch)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(pair=_mark_pairs())
+def test_script_orders_marks_as_python_tuples(
+    r: Any, resource: str, pair: tuple[tuple[int, int], tuple[int, int]]
+) -> None:
+    """The script accepts exactly when (token, epoch) >= the mark, for any int64 token
+    and any epoch (the Lua side compares 10-digit parts, never doubles or strings)."""
+    held, offered = pair
+    key = f"etcdfence:fence:{{{resource}}}"
+    r.set(key, encode_mark(*held))
+    r.script_load(_SCRIPT)
+    reply = r.evalsha(_SHA, 1, key, encode_mark(*offered), "")
+    assert (reply[0] == 1) == (offered >= held), (held, offered, reply)
+    assert r.get(key) == encode_mark(*max(held, offered))
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, "7", 7.0, None, 2**63])
 def test_bad_tokens_touch_nothing(r: Any, resource: str, bad: object) -> None:
     fence = RedisFence(r, resource)
@@ -296,8 +338,6 @@ def test_noscript_after_script_flush_recovers(r: Any, resource: str) -> None:
     fence = RedisFence(r, resource)
     fence.put(1, k(resource, "a"), "1")
     r.script_flush()  # what a Redis restart does too
-    from etcdfence.redis import _SHA
-
     assert r.script_exists(_SHA) == [False]
     fence.put(2, k(resource, "a"), "2")
     assert r.script_exists(_SHA) == [True] and r.get(k(resource, "a")) == b"2"
