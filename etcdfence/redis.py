@@ -45,7 +45,10 @@ restarts, and then a zombie's stale token is accepted again: the first writer af
 restart sets the mark, whoever it is. With RDB snapshots only, a restart loses the marks
 of the last snapshot interval. Use ``appendonly yes`` with ``appendfsync always`` for a
 mark that survives a crash of Redis (``everysec`` can lose the last second), or have the
-new leader :meth:`~RedisFence.advance` right after every Redis restart. Replication is
+new leader :meth:`~RedisFence.advance` right after every Redis restart. Eviction loses
+marks too: under an ``allkeys-*`` ``maxmemory-policy`` Redis may evict the mark like any
+key; use ``noeviction`` or a ``volatile-*`` policy (the mark has no TTL), and never
+``FLUSHALL`` a fenced Redis. Replication is
 asynchronous: after a failover, the promoted replica may lack the newest marks (and
 writes), so an old leader's token can be accepted there; ``WAIT`` narrows the window but
 does not make Redis strongly consistent. Where that matters, keep the data in etcd
