@@ -44,8 +44,9 @@ that keeps nothing on disk (``save ""``, ``appendonly no``) forgets every mark w
 restarts, and then a zombie's stale token is accepted again: the first writer after the
 restart sets the mark, whoever it is. With RDB snapshots only, a restart loses the marks
 of the last snapshot interval. Use ``appendonly yes`` with ``appendfsync always`` for a
-mark that survives a crash of Redis (``everysec`` can lose the last second), or have the
-new leader :meth:`~RedisFence.advance` right after every Redis restart. Eviction loses
+mark that survives a crash of Redis (``everysec`` can lose the last second). Having the
+leader :meth:`~RedisFence.advance` right after a Redis restart only narrows the window:
+until it does, the first writer sets the mark. Eviction loses
 marks too: under an ``allkeys-*`` ``maxmemory-policy`` Redis may evict the mark like any
 key; use ``noeviction`` or a ``volatile-*`` policy (the mark has no TTL), and never
 ``FLUSHALL`` a fenced Redis. Replication is
