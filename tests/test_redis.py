@@ -132,17 +132,22 @@ def test_stale_txn_writes_nothing_and_is_reported(r: Any, resource: str) -> None
     registry = prometheus_client.CollectorRegistry()
     fence = RedisFence(r, resource)
     fence.txn(34, [Put(k(resource, "x"), "new"), Put(k(resource, "y"), "new")])
-    before = r.info("commandstats").get("cmdstat_set", {}).get("calls", 0)
     metrics.enable_metrics(registry)
     try:
-        with capture_logs() as logs, pytest.raises(ef.StaleTokenError):
+        with (
+            Recorder(r, resource) as rec,
+            capture_logs() as logs,
+            pytest.raises(ef.StaleTokenError),
+        ):
             fence.txn(33, [Put(k(resource, "x"), "old"), Delete(k(resource, "y"))])
         rejected = registry.get_sample_value(
             "etcdfence_stale_rejections_total", {"resource": resource}
         )
     finally:
         metrics.disable_metrics()
-    assert r.info("commandstats").get("cmdstat_set", {}).get("calls", 0) == before  # no SET ran
+    assert rec.scripts() == 1 and [c for kind, c in rec.commands if kind == "lua"] == [
+        f"GET etcdfence:fence:{{{resource}}}"
+    ]  # the script read the mark and wrote nothing
     assert r.mget(k(resource, "x"), k(resource, "y")) == [b"new", b"new"]
     assert rejected == 1
     (event,) = [e for e in logs if e["event"] == "etcdfence.fence_rejected"]
@@ -236,7 +241,6 @@ def test_bad_tokens_touch_nothing(r: Any, resource: str, bad: object) -> None:
 
 def test_odd_input_is_refused_before_anything_is_sent(r: Any, resource: str) -> None:
     fence = RedisFence(r, resource, max_value_bytes=1024)
-    calls = _script_calls(r)
     refusals: list[tuple[Any, type[Exception]]] = [
         ([Put("", "v")], ef.InvalidArgument),  # empty key
         ([Put(k(resource, "a"), 5)], ef.InvalidType),  # type: ignore[arg-type]
@@ -250,10 +254,11 @@ def test_odd_input_is_refused_before_anything_is_sent(r: Any, resource: str) -> 
         ([Put(f"etcdfence:fence:{{{resource}}}x", "1")], ef.InvalidArgument),
         ([Put(k(resource, "a"), "v"), Put("elsewhere", "v")], CrossSlotError),
     ]
-    for ops, error in refusals:
-        with pytest.raises(error):
-            fence.txn(3, ops)
-    assert _script_calls(r) == calls  # nothing reached Redis
+    with Recorder(r, resource) as rec:
+        for ops, error in refusals:
+            with pytest.raises(error):
+                fence.txn(3, ops)
+    assert rec.commands == []  # nothing reached Redis
     assert r.exists(fence.key, k(resource, "a")) == 0
     fence.put(3, k(resource, "a"), "x" * 1024)  # exactly the limit passes
     for bad in ["", " ", "a}b", 5]:
@@ -401,41 +406,61 @@ async def test_async_semantics(ar: Any, resource: str, r: Any) -> None:
 # --------------------------------------------------------------------------- concurrency
 
 
-def _monitor(stop_word: str, resource: str, out: list[tuple[str, str]]) -> None:
-    """Record the SETs the fence script runs for ``resource``, in execution order."""
+def _monitor(word: str, resource: str, out: list[tuple[str, str]], ready: threading.Event) -> None:
+    """Record every command that names ``resource``'s hash tag, in execution order, as
+    (client type, command): ``tcp`` for what clients sent, ``lua`` for what the script ran."""
     client = redis.Redis(host=HOST, port=PORT)
     with client.monitor() as mon:
         while True:
             cmd = mon.next_command()
             text = cmd["command"]
-            if text == f"PING {stop_word}":
+            if text == f"PING {word}-ready":
+                ready.set()
+            elif text == f"PING {word}":
                 return
-            if cmd.get("client_type") == "lua" and text.startswith("SET "):
-                key, _, value = text[4:].partition(" ")
-                if f"{{{resource}}}" in key:
-                    out.append((key, value))
+            elif f"{{{resource}}}" in text:
+                out.append((str(cmd.get("client_type")), text))
 
 
 class Recorder:
-    """Watch what the server runs (MONITOR, in execution order) while writers work."""
+    """What the server runs for one resource (MONITOR), while the test works: other
+    users of the shared Redis do not disturb it, as server-wide counters would."""
 
     def __init__(self, r: Any, resource: str) -> None:
         self.r, self.resource = r, resource
-        self.sets: list[tuple[str, str]] = []
-        self._word = f"etcdfence-monitor-end-{uuid.uuid4().hex}"
+        self.commands: list[tuple[str, str]] = []
+        self._word = f"etcdfence-monitor-{uuid.uuid4().hex}"
+        self._ready = threading.Event()
         self._thread = threading.Thread(
-            target=_monitor, args=(self._word, resource, self.sets), daemon=True
+            target=_monitor, args=(self._word, resource, self.commands, self._ready), daemon=True
         )
 
     def __enter__(self) -> Recorder:
         self._thread.start()
-        time.sleep(0.3)  # MONITOR registered
+        deadline = time.monotonic() + 10
+        while not self._ready.wait(0.05):
+            assert time.monotonic() < deadline, "MONITOR did not start"
+            self.r.execute_command("PING", f"{self._word}-ready")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.r.execute_command("PING", self._word)
         self._thread.join(10)
         assert not self._thread.is_alive()
+
+    @property
+    def sets(self) -> list[tuple[str, str]]:
+        """(key, value) of every SET the script ran, in order."""
+        out = []
+        for kind, text in list(self.commands):
+            if kind == "lua" and text.startswith("SET "):
+                key, _, value = text[4:].partition(" ")
+                out.append((key, value))
+        return out
+
+    def scripts(self) -> int:
+        """How many EVALSHA for this resource reached the server so far."""
+        return sum(1 for kind, text in list(self.commands) if kind != "lua" and "EVALSHA" in text)
 
     def check(self, outcomes: list[tuple[int, str, int | None]]) -> None:
         """``outcomes``: (token, unique value, None if accepted else the refusing mark).
@@ -532,10 +557,6 @@ def test_zombie_lock_holder_is_rejected(
 # --------------------------------------------------------------------------- lost answers
 
 
-def _script_calls(r: Any) -> int:
-    return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
-
-
 def _free_port() -> int:
     import socket
 
@@ -614,9 +635,9 @@ def test_held_request_landing_late_is_refused(r: Any, resource: str) -> None:
         with pytest.raises(ef.OutcomeUnknown):
             fence.put(5, k(resource, "a"), "late")
         fence.put(5, k(resource, "a"), "next")  # a new connection passes the proxy
-        calls = _script_calls(r)
-        proxy.release()
-        _wait(lambda: _script_calls(r) > calls)  # the held attempt did run ...
+        with Recorder(r, resource) as rec:
+            proxy.release()
+            _wait(lambda: rec.scripts() > 0)  # the held attempt did run ...
         client.close()
     assert r.get(k(resource, "a")) == b"next"  # ... and was refused
 
@@ -637,9 +658,9 @@ async def test_cancelled_put_leaves_mark_and_data_consistent(r: Any, resource: s
             await task
         assert fence.epoch(6) == 1  # the attempt (6, 0) can no longer apply after ours
         assert r.mget(mark, key) == [b"00000000000000000005", b"0"]  # neither applied
-        calls = _script_calls(r)
-        proxy.release()
-        _wait(lambda: _script_calls(r) > calls)
+        with Recorder(r, resource) as rec:
+            proxy.release()
+            _wait(lambda: rec.scripts() > 0)  # the cancelled attempt arrives, late
         both = r.mget(mark, key)
         assert both in ([b"00000000000000000005", b"0"], [b"00000000000000000006", b"cancelled"])
         await fence.put(6, key, "after")  # epoch 1: passes whether or not (6, 0) landed
