@@ -343,8 +343,10 @@ def test_noscript_after_script_flush_recovers(r: Any, resource: str) -> None:
     fence = RedisFence(r, resource)
     fence.put(1, k(resource, "a"), "1")
     r.script_flush()  # what a Redis restart does too
-    assert r.script_exists(_SHA) == [False]
-    fence.put(2, k(resource, "a"), "2")
+    with Recorder(r, resource) as rec:
+        fence.put(2, k(resource, "a"), "2")  # NOSCRIPT, SCRIPT LOAD, EVALSHA again
+    # twice, unless another user of this Redis loaded the script in between
+    assert rec.scripts() in (1, 2)
     assert r.script_exists(_SHA) == [True] and r.get(k(resource, "a")) == b"2"
     assert fence.current() == 2
 
