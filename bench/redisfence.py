@@ -155,7 +155,7 @@ def measure(quick: bool, *, n: int | None = None, address: str = ADDRESS) -> Jso
     tag = f"bench-{uuid.uuid4().hex[:8]}"
     results = [
         bench_sync(address, n, 500, tag),
-        bench_async(address, n, 2000, tag),
+        bench_async(address, n, 500, tag),
     ]
     for r in results:
         print(
