@@ -26,7 +26,7 @@ test: install
 
 ## The server-free tests (pure logic, the twin, the history checker, wire layer): seconds.
 test-unit: install
-	$(BIN)/python -m pytest -q -m "not (integration or cluster or sql or chaos or docker)" \
+	$(BIN)/python -m pytest -q -m "not (integration or cluster or sql or redis or chaos or docker)" \
 		--ignore=tests/test_cli.py --ignore=tests/test_cli_supervision.py \
 		--ignore=tests/test_examples.py
 

@@ -2,7 +2,7 @@
 an embedded etcd, request counters, ``/proc`` readings, child processes, statistics.
 
 One topic = one module in ``bench/`` (``drain``, ``handoff``, ``throughput``, ``hold``,
-``failover``, ``cluster``, ``ordering``, ``client``, ``sql``) with two halves:
+``failover``, ``cluster``, ``ordering``, ``client``, ``sql``, ``redisfence``) with two halves:
 
 * ``measure(quick: bool) -> dict`` starts its own etcd, measures its contenders *side by
   side in one run* (alternating in rounds, so the noise of a shared machine hits every
@@ -56,6 +56,7 @@ TOPICS = (
     "ordering",
     "client",
     "sql",
+    "redisfence",
 )
 
 

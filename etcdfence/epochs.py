@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["WriterEpochs"]
+from .errors import OutcomeUnknownError
+
+__all__ = ["WriterEpochs", "lost_attempt"]
 
 
 class WriterEpochs:
@@ -49,3 +51,23 @@ class WriterEpochs:
         """An attempt with ``(token, lost)`` has an unknown outcome: move past it.
         Returns the epoch later writes carry (at least ``lost + 1``)."""
         return self.adopt(token, lost + 1)
+
+
+def lost_attempt(
+    resource: str, token: int, epoch: int, next_epoch: int, fenced: bool, cause: object
+) -> OutcomeUnknownError:
+    """The error for a guarded write ``(token, epoch)`` that got no answer (``cause``),
+    after its writer moved to ``next_epoch``; ``fenced``: the attempt can no longer apply."""
+    return OutcomeUnknownError(
+        f"guarded write to {resource!r} (token {token}, epoch {epoch}) got no answer: "
+        f"{cause}. This writer moved to epoch {next_epoch}; the attempt "
+        + (
+            "is fenced off: re-read, then decide"
+            if fenced
+            else "may still apply: call fence_off(token), then re-read"
+        ),
+        resource=resource,
+        token=token,
+        epoch=epoch,
+        fenced_off=fenced,
+    )

@@ -16,7 +16,7 @@ from .._keys import (
 )
 from .._log import log
 from .._txn import Delete, Put
-from ..epochs import WriterEpochs
+from ..epochs import WriterEpochs, lost_attempt
 from ..errors import (
     AuthError,
     EtcdfenceError,
@@ -167,19 +167,7 @@ class AsyncFenceGuard:
         except EtcdUnavailableError as err:
             next_epoch = self._epochs.bump(value, epoch)
             fenced = await self._quick_fence_off(value, next_epoch)
-            raise OutcomeUnknownError(
-                f"guarded write to {self.resource!r} (token {value}, epoch {epoch}) got no "
-                f"answer: {err}. This writer moved to epoch {next_epoch}; the attempt "
-                + (
-                    "is fenced off: re-read, then decide"
-                    if fenced
-                    else "may still apply: call fence_off(token), then re-read"
-                ),
-                resource=self.resource,
-                token=value,
-                epoch=epoch,
-                fenced_off=fenced,
-            ) from None
+            raise lost_attempt(self.resource, value, epoch, next_epoch, fenced, err) from None
         except BaseException:  # cancelled or interrupted in flight: the outcome is unknown
             self._epochs.bump(value, epoch)
             raise
