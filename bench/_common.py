@@ -56,6 +56,7 @@ TOPICS = (
     "ordering",
     "client",
     "sql",
+    "http_gates",
 )
 
 

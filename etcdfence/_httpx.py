@@ -30,8 +30,13 @@ __all__ = ["AsyncFencingTransport", "FencingTransport"]
 _HEADERS_EVENT = "send_request_headers.started"
 
 
-def _doing(request: httpx.Request) -> str:
-    return f"{request.method} {request.url}"
+def _stamp(gate: _Gate, request: httpx.Request) -> tuple[FencingToken | int, str, Any]:
+    """Check the holder (raises: nothing sent) and put its token in the header; return
+    the token, the request's name for errors, and the caller's own ``trace`` hook."""
+    doing = f"{request.method} {request.url}"
+    token = gate.current(doing)
+    request.headers[HEADER] = str(int(token))
+    return token, doing, request.extensions.get("trace")
 
 
 class _CheckedStream(httpx.SyncByteStream):
@@ -109,12 +114,9 @@ class FencingTransport(httpx.BaseTransport):
         self._inner = httpx.HTTPTransport() if transport is None else transport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        doing = _doing(request)
-        token = self._gate.current(doing)
-        request.headers[HEADER] = str(int(token))
-        request.stream = _CheckedStream(request.stream, self._gate, token, doing)
-        user_trace = request.extensions.get("trace")
         gate = self._gate
+        token, doing, user_trace = _stamp(gate, request)
+        request.stream = _CheckedStream(request.stream, gate, token, doing)
 
         def trace(event: str, info: dict[str, Any]) -> None:
             if user_trace is not None:
@@ -149,12 +151,9 @@ class AsyncFencingTransport(httpx.AsyncBaseTransport):
         self._inner = httpx.AsyncHTTPTransport() if transport is None else transport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        doing = _doing(request)
-        token = self._gate.current(doing)
-        request.headers[HEADER] = str(int(token))
-        request.stream = _AsyncCheckedStream(request.stream, self._gate, token, doing)
-        user_trace = request.extensions.get("trace")
         gate = self._gate
+        token, doing, user_trace = _stamp(gate, request)
+        request.stream = _AsyncCheckedStream(request.stream, gate, token, doing)
 
         async def trace(event: str, info: dict[str, Any]) -> None:
             if user_trace is not None:

@@ -220,6 +220,22 @@ def _json(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode() + b"\n"
 
 
+_TOKENS: dict[bytes | str, FencingToken] = {}  # header value -> token (few writers, few terms)
+_TOKENS_MAX = 4096
+
+
+def _header_token(raw: bytes | str) -> FencingToken:
+    """``FencingToken.from_header(raw)``, remembered: a token is immutable, the same
+    few values arrive over and over, and parsing one costs a few µs per request."""
+    token = _TOKENS.get(raw)
+    if token is None:
+        token = FencingToken.from_header(raw)  # InvalidTokenError for a bad one
+        if len(_TOKENS) >= _TOKENS_MAX:
+            _TOKENS.clear()
+        _TOKENS[raw] = token
+    return token
+
+
 class _Policy:
     """Which requests need a token; the parse of the header's values into one token."""
 
@@ -233,14 +249,15 @@ class _Policy:
             raise InvalidTypeError(f"required must be a bool, got {type(required).__name__}")
         self.required = required
 
-    def token(self, method: str, values: list[bytes] | list[str]) -> FencingToken | None:
-        """The request's token; :class:`InvalidTokenError` for a missing one where it is
+    def token(self, method: str, raw: bytes | str | None, count: int) -> FencingToken | None:
+        """The request's token from the ``count`` header fields it came in (``raw``: the
+        last one's value); :class:`InvalidTokenError` for a missing one where it is
         needed, and for a malformed or repeated one on *any* method (a token a client
         bothered to send is never silently ignored)."""
-        if len(values) > 1:
-            raise InvalidTokenError(f"{HEADER} header given {len(values)} times")
-        if values:
-            return FencingToken.from_header(values[0])
+        if count > 1:
+            raise InvalidTokenError(f"{HEADER} header given {count} times")
+        if raw is not None:
+            return _header_token(raw)
         if self.required and method.upper() in self.methods:
             raise InvalidTokenError(f"missing {HEADER} header (needed for {method.upper()})")
         return None
@@ -293,21 +310,33 @@ class FencingMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        values = [v for k, v in scope["headers"] if k.lower() == _HEADER_LOWER]
-        try:
-            token = self._policy.token(scope["method"], values)
-        except InvalidTokenError as exc:
-            await _asgi_json(send, 400, _bad_request(exc))
-            return
-        # A copy: the server's scope (and the lifespan state it copied) stay untouched.
-        scope = dict(scope)
-        scope["state"] = {**(scope.get("state") or {}), STATE_KEY: token}
+        # ASGI header names are lowercase (servers lowercase them; Starlette's Headers
+        # relies on it too). The common case — one known token — is one dict lookup.
+        raw, count = None, 0
+        for name, value in scope["headers"]:
+            if name == _HEADER_LOWER:
+                raw, count = value, count + 1
+        token = _TOKENS.get(raw) if count == 1 else None  # type: ignore[arg-type]
+        if token is None:
+            try:
+                token = self._policy.token(scope["method"], raw, count)
+            except InvalidTokenError as exc:
+                await _asgi_json(send, 400, _bad_request(exc))
+                return
+        # Into this request's own state dict, as Starlette's ``request.state`` does: ASGI
+        # servers give each request a shallow copy of the lifespan state.
+        state = scope.get("state")
+        if state is None:
+            scope["state"] = {STATE_KEY: token}
+        else:
+            state[STATE_KEY] = token
         started = False
 
-        async def tracked(message: Any) -> None:
+        def tracked(message: Any) -> Awaitable[None]:
+            # plain function handing back the server's awaitable: no coroutine per message
             nonlocal started
             started = True
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, tracked)
@@ -362,7 +391,7 @@ class WSGIFencingMiddleware:
         raw = environ.get(_WSGI_HEADER)
         try:
             token = self._policy.token(
-                environ.get("REQUEST_METHOD", "GET"), [] if raw is None else [raw]
+                environ.get("REQUEST_METHOD", "GET"), raw, 0 if raw is None else 1
             )
         except InvalidTokenError as exc:
             return _wsgi_json(start_response, 400, _bad_request(exc))

@@ -303,18 +303,36 @@ def test_fencing_token_helper() -> None:
     assert conflict_body(ef.StaleTokenError("r", 1, 2), None)["current"] == 2
 
 
-def test_the_middleware_leaves_the_server_scope_and_lifespan_state_alone() -> None:
+def test_the_token_never_leaks_into_lifespan_state_or_the_next_request() -> None:
+    """The token goes into the request's own state (ASGI servers hand each request a
+    shallow copy of the lifespan state), like Starlette's ``request.state``."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        yield {"db": "pool"}
+
+    async def echo(request: Request) -> JSONResponse:
+        token = fencing_token(request, required=False)
+        return JSONResponse({"db": request.state.db, "token": token and token.value})
+
+    app = Starlette(routes=[Route("/", echo, methods=["GET", "PUT"])], lifespan=lifespan,
+                    middleware=[Middleware(FencingMiddleware)])  # fmt: skip
+    with serve_asgi(app) as url, httpx.Client(base_url=url) as http:
+        assert http.put("/", headers={"Fencing-Token": "12"}).json() == {"db": "pool", "token": 12}
+        assert http.get("/").json() == {"db": "pool", "token": None}
+    scope: dict[str, Any] = {"type": "http", "method": "PUT", "headers": [(b"fencing-token", b"9")]}
     seen: list[Any] = []
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        seen.append(scope)
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(fencing_token(scope))
 
-    shared_state = {"db": "pool"}
-    scope = {"type": "http", "method": "PUT", "path": "/", "state": shared_state,
-             "headers": [(b"fencing-token", b"12")]}  # fmt: skip
-    asyncio.run(FencingMiddleware(app)(scope, None, None))  # type: ignore[arg-type]
-    assert seen[0]["state"] == {"db": "pool", "fencing_token": ef.FencingToken(12)}
-    assert shared_state == {"db": "pool"} and "fencing_token" not in scope["state"]
+    asyncio.run(FencingMiddleware(inner)(scope, None, None))  # type: ignore[arg-type]
+    assert seen == [ef.FencingToken(9)]  # a scope without state gets its own
 
 
 def test_importing_needs_no_httpx_and_the_transport_names_the_extra() -> None:
@@ -387,6 +405,45 @@ def test_a_token_holder_of_your_own(asgi_url: str) -> None:
             with pytest.raises(ef.SessionExpiredError):
                 http.put("/echo")
         assert arrivals.tokens() == ["21"]
+
+
+def test_a_holder_lost_while_connecting_sends_nothing() -> None:
+    """Lost after the request entered the transport (here: while the connection was being
+    made, as it would be during a slow connect or a wait for a pooled connection): the
+    check just before the request line goes out refuses it. The caller's own ``trace``
+    hook is still called."""
+    arrivals = Arrivals()
+    with serve_asgi(arrivals.asgi(probe_asgi())) as url:
+        holder = _Holder(5)
+        events: list[str] = []
+
+        def trace(event: str, info: Any) -> None:
+            events.append(event)
+            if event.endswith("connect_tcp.complete"):
+                holder.lost = True
+
+        with httpx.Client(base_url=url, transport=FencingTransport(holder)) as http:
+            with pytest.raises(ef.SessionExpiredError):
+                http.put("/echo", content=b"x", extensions={"trace": trace})
+            assert "connection.connect_tcp.complete" in events
+            assert "http11.send_request_headers.started" in events
+            assert "http11.send_request_headers.complete" not in events
+            holder.lost = False
+            assert http.put("/echo").json() == {"token": 5}
+
+        async def async_case() -> None:
+            async def atrace(event: str, info: Any) -> None:
+                trace(event, info)
+
+            holder.lost = False
+            async with httpx.AsyncClient(
+                base_url=url, transport=AsyncFencingTransport(holder)
+            ) as ahttp:
+                with pytest.raises(ef.SessionExpiredError):
+                    await ahttp.put("/echo", content=b"x", extensions={"trace": atrace})
+
+        asyncio.run(async_case())
+    assert arrivals.tokens() == ["5"]
 
 
 # ------------------------------------------------------------------ transports on real etcd
@@ -686,12 +743,21 @@ def test_cut_off_holder_sends_nothing_after_its_session_is_lost(
         log: dict[str, list[tuple[int, float, str]]] = {"fenced": [], "naive": []}
         stop = threading.Event()
 
+        headers_out: dict[int, float] = {}  # seq -> when its request line started out
+
         def writer(name: str, http: httpx.Client, first_seq: int) -> None:
             seq = first_seq
             while not stop.is_set():
                 started = time.monotonic()
+
+                def trace(event: str, info: Any, seq: int = seq) -> None:
+                    # our hook runs before the transport's own check at this point
+                    if event.endswith("send_request_headers.started"):
+                        headers_out[seq] = time.monotonic()
+
                 try:
-                    answer = http.put("/kv/x", content=b"v", headers={"X-Seq": str(seq)})
+                    answer = http.put("/kv/x", content=b"v", headers={"X-Seq": str(seq)},
+                                      extensions={"trace": trace})  # fmt: skip
                     outcome = str(answer.status_code)
                 except ef.SessionExpiredError:
                     outcome = "refused"
@@ -722,16 +788,23 @@ def test_cut_off_holder_sends_nothing_after_its_session_is_lost(
         proxy.heal()
     lost = expired_at[0]
     received = arrivals.seqs()
-    before = [s for s, started, outcome in log["fenced"] if outcome == "200"]
-    refused = [s for s, started, outcome in log["fenced"] if outcome == "refused"]
-    assert before and refused, log["fenced"]
-    assert all(o == "refused" for s, started, o in log["fenced"] if started > lost)
-    assert not received & set(refused), "a refused request reached the server"
-    assert {s for s in received if s < 1_000_000} == set(before)
+    fenced_received = {s for s in received if s < 1_000_000}
+    written = {s for s, started, outcome in log["fenced"] if outcome == "200"}
+    refused = {s for s, started, outcome in log["fenced"] if outcome == "refused"}
+    assert written and refused, log["fenced"]
+    # every request started after the loss was refused, and none of them reached the server
+    late = {s for s, started, _ in log["fenced"] if started > lost}
+    assert late and late <= refused, log["fenced"]
+    assert not fenced_received & late, "a request started after the loss reached the server"
+    # whatever reached the server started sending before the loss; a refused one among
+    # them was cut off mid-body (its write never completed), the rest were written
+    assert all(headers_out[s] < lost for s in fenced_received)
+    assert written <= fenced_received
+    assert all(s in refused for s in fenced_received - written)
     # the naive control: requests *started* after the loss still reached the server
     naive_late = {s for s, started, _ in log["naive"] if started > lost}
     print(
-        f"fenced: {len(before)} sent before the loss, {len(refused)} refused; naive: "
+        f"fenced: {len(written)} sent before the loss, {len(refused)} refused; naive: "
         f"{len(naive_late & received)} reached the server after it"
     )
     assert naive_late & received, "the control never reached the server after the loss"
