@@ -121,6 +121,8 @@ def http_conformance_parts(base_url: str) -> dict[str, Callable[..., Any]]:
                           headers={HEADER: header})  # fmt: skip
         if answer.status_code == 409:
             body = answer.json()
+            if body.get("current") is None:  # refused for not owning, not for staleness
+                raise ef.NotOwnerError(body.get("error", "not the owner"))
             raise ef.StaleTokenError(str(body["resource"]), int(body["token"]),
                                      int(body["current"]))  # fmt: skip
         if answer.status_code == 400:

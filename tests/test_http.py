@@ -26,6 +26,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import httpx
 import pytest
 import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import etcdfence as ef
 from etcdfence.http import (
@@ -147,6 +149,8 @@ def probe_asgi(**options: Any) -> Any:
             raise ef.StaleTokenError("orders", int(token or 1), 99)
         if path == "/notowner":
             raise ef.NotOwnerError("the writer no longer holds orders")
+        if path == "/slow":
+            await asyncio.sleep(5)
         body = json.dumps({"token": None if token is None else token.value}).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json")]})  # fmt: skip
@@ -444,6 +448,55 @@ def test_a_holder_lost_while_connecting_sends_nothing() -> None:
 
         asyncio.run(async_case())
     assert arrivals.tokens() == ["5"]
+
+
+async def test_async_transport_survives_a_cancelled_request(asgi_url: str) -> None:
+    """A request cancelled while waiting for its answer leaves the transport usable."""
+    holder = _Holder(ef.FencingToken(8))
+    async with httpx.AsyncClient(base_url=asgi_url, transport=AsyncFencingTransport(holder)) as h:
+        slow = asyncio.create_task(h.put("/slow"))
+        await asyncio.sleep(0.3)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        assert (await h.put("/echo")).json() == {"token": 8}
+        holder.lost = True
+        with pytest.raises(ef.SessionExpiredError):
+            await h.put("/echo")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    raw=st.one_of(
+        st.binary(max_size=30),
+        st.integers(-(2**70), 2**70).map(lambda i: str(i).encode()),
+        st.text(alphabet="0123456789 +-_.,\t", max_size=25).map(str.encode),
+    ),
+    method=st.sampled_from(["GET", "PUT", "POST", "DELETE", "PATCH", "HEAD", "OPTIONS"]),
+)
+def test_any_header_value_is_a_token_or_a_400(raw: bytes, method: str) -> None:
+    """Hostile header values never reach the app as anything but a valid token, and
+    never raise out of the middleware."""
+    answers: list[Any] = []
+    reached: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(fencing_token(scope, required=False))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message: Any) -> None:
+        answers.append(message)
+
+    scope = {"type": "http", "method": method, "path": "/", "headers": [(b"fencing-token", raw)]}
+    asyncio.run(FencingMiddleware(app)(scope, None, send))  # type: ignore[arg-type]
+    text = raw.decode("latin-1").strip()
+    valid = text.isascii() and text.isdigit() and 0 < int(text) <= MAX_TOKEN
+    if valid:
+        assert reached == [ef.FencingToken(int(text))]
+    else:
+        assert reached == []
+        assert answers[0]["status"] == 400
+        assert "error" in json.loads(answers[1]["body"])
 
 
 # ------------------------------------------------------------------ transports on real etcd
