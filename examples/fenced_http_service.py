@@ -24,8 +24,12 @@ stale, 1 anything else)::
     python examples/fenced_http_service.py put --url http://127.0.0.1:8080 \\
         --resource store --key greeting --value hello
 
-``http_conformance_parts(base_url)`` returns the ``write``/``read`` pair the
-conformance kit drives this service with.
+``http_conformance_parts(base_url, restart)`` returns the ``write``/``read`` (and
+``restart``) the conformance kit drives this service with; ``ServiceThread`` runs it on
+uvicorn in a background thread::
+
+    service = ServiceThread(make_app(endpoints, "store"))
+    parts = http_conformance_parts(service.start(), restart=service.restart)
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import contextlib
 import os
 import socket
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote
@@ -108,8 +114,55 @@ def make_app(endpoints: str | list[str], resource: str) -> Starlette:
     )
 
 
-def http_conformance_parts(base_url: str) -> dict[str, Callable[..., Any]]:
-    """``write(token, key, value)`` and ``read(key)`` against a running service, for
+class ServiceThread:
+    """An ASGI app on a real uvicorn, on loopback, in a background thread: for tests and
+    the conformance kit. ``start()`` returns the base URL; ``restart()`` stops the
+    server (its lifespan closes the etcd client) and starts it again on the same port."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app, self.host, self.port = app, host, port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+
+    def start(self, timeout: float = 20.0) -> str:
+        sock = socket.create_server((self.host, self.port))  # SO_REUSEADDR: same port again
+        self.port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="auto"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        self._server, self._thread, self._sock = server, thread, sock
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None and self._sock is not None:
+            self._server.should_exit = True
+            self._thread.join(10)
+            self._sock.close()
+            self._server = self._thread = self._sock = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def http_conformance_parts(
+    base_url: str, restart: Callable[[], None] | None = None
+) -> dict[str, Callable[..., Any]]:
+    """``write(token, key, value)`` and ``read(key)`` against a running service (and
+    ``restart`` when given, e.g. ``ServiceThread.restart``), for
     :mod:`etcdfence.conformance`: the write sends the token in ``Fencing-Token`` and
     raises :class:`etcdfence.StaleTokenError` on 409, :class:`etcdfence.InvalidTokenError`
     on 400; the read returns the value's bytes or ``None``."""
@@ -136,7 +189,10 @@ def http_conformance_parts(base_url: str) -> dict[str, Callable[..., Any]]:
         answer.raise_for_status()
         return answer.content
 
-    return {"write": write, "read": read}
+    parts: dict[str, Callable[..., Any]] = {"write": write, "read": read}
+    if restart is not None:
+        parts["restart"] = restart
+    return parts
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ import importlib
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,6 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import httpx
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,25 +49,9 @@ AsyncFencingTransport = ef.http.AsyncFencingTransport  # type: ignore[attr-defin
 # ------------------------------------------------------------------ real servers on loopback
 
 
-@contextlib.contextmanager
-def serve_asgi(app: Any) -> Iterator[str]:
-    """A real uvicorn on 127.0.0.1 (its own thread and loop); yields the base URL."""
-    sock = socket.create_server(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="auto"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive(), "uvicorn did not start"
-        assert time.monotonic() < deadline, "uvicorn did not start in 20 s"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+def serve_asgi(app: Any) -> Any:
+    """A real uvicorn on 127.0.0.1 (its own thread and loop); ``with`` yields the base URL."""
+    return example.ServiceThread(app)
 
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
@@ -732,6 +714,24 @@ def test_http_conformance_parts(etcd_namespace: str, etcd_endpoints: list[str]) 
             with pytest.raises(ef.InvalidTokenError):
                 write(bad, "k/1", b"bad")
         assert read("k/1") == b"ten again"
+
+
+@pytest.mark.integration
+def test_the_service_keeps_its_mark_across_a_restart(
+    etcd_namespace: str, etcd_endpoints: list[str]
+) -> None:
+    """The mark lives in etcd, not in the process: a restarted service still refuses
+    the token it refused before (the conformance kit's restart scenario)."""
+    service = example.ServiceThread(example.make_app(etcd_endpoints, etcd_namespace + "/s"))
+    parts = example.http_conformance_parts(service.start(), restart=service.restart)
+    try:
+        parts["write"](20, "k", b"twenty")
+        parts["restart"]()
+        with pytest.raises(ef.StaleTokenError):
+            parts["write"](19, "k", b"nineteen")
+        assert parts["read"]("k") == b"twenty"
+    finally:
+        service.stop()
 
 
 @pytest.mark.integration
