@@ -142,7 +142,8 @@ class _Gate:
             return token  # type: ignore[no-any-return]
         # The session first, then the token: a token read after its session can only be
         # that session's or a later one's, and a later term closed the earlier session,
-        # so check() below then refuses (an elector swaps sessions between terms).
+        # so check() below then refuses (an elector swaps sessions between terms). The
+        # token names its lease too: a mismatch is refused all the same.
         session = holder.session
         token = holder.token
         if token is None or session is None:
@@ -151,6 +152,10 @@ class _Gate:
             session.check()
         except SessionExpiredError as exc:
             raise SessionExpiredError(f"{self.what}: {exc}; {doing} was not sent") from None
+        if getattr(token, "lease_id", None) not in (None, session.lease_id):
+            raise self._error(
+                f"{self.what}: token {token} is not its session's: {doing} was not sent"
+            )
         if self._reserve and time.monotonic() + self._reserve >= session.deadline:
             raise SessionExpiredError(
                 f"{self.what}: less than {self._reserve:g}s left before the session's "

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from socketserver import ThreadingMixIn
@@ -509,6 +510,12 @@ def test_lock_transport_stamps_follows_and_stops(
             second = lock.acquire()  # the same client follows the next hold
             assert second > first
             assert http.put("/echo").json() == {"token": second.value}
+            # a token that names another lease than the session's is refused
+            mixed = types.SimpleNamespace(
+                session=session, token=ef.FencingToken(second.value, lease_id=1)
+            )
+            with pytest.raises(ef.NotOwnerError, match="not its session's"):
+                FencingTransport(mixed).handle_request(httpx.Request("PUT", url + "/echo"))
             # a reserve larger than what is left of the session refuses at once
             strict = FencingTransport(lock, reserve=session.ttl)
             with (
