@@ -57,6 +57,7 @@ TOPICS = (
     "client",
     "sql",
     "redisfence",
+    "http_gates",
 )
 
 
