@@ -88,7 +88,7 @@ class AsyncConnection:
 
     def __init__(
         self,
-        endpoints: str | list[str] | tuple[str, ...],
+        endpoints: str | list[str] | tuple[str, ...] | None,
         *,
         timeout: float,
         username: str | None,

@@ -89,7 +89,7 @@ class Connection:
 
     def __init__(
         self,
-        endpoints: str | list[str] | tuple[str, ...],
+        endpoints: str | list[str] | tuple[str, ...] | None,
         *,
         timeout: float,
         username: str | None,

@@ -200,7 +200,12 @@ def make_test_pki(
     ``clientAuth`` usages: etcd's grpc-gateway dials its own gRPC port with the server
     certificate, which ``--client-cert-auth`` would otherwise reject.
     """
-    from cryptography.x509.oid import ExtendedKeyUsageOID
+    try:
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+    except ImportError as exc:
+        raise ImportError(
+            "make_test_pki needs the cryptography package: pip install 'etcdfence[testing]'"
+        ) from exc
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

@@ -300,7 +300,7 @@ def _docker_plan(config: pytest.Config) -> _Plan:
 
     problems: list[str] = []
     if importlib.util.find_spec("pytest_docker") is None:
-        problems.append("pytest-docker is not installed (pip install 'etcdfence[dev]')")
+        problems.append("pytest-docker is not installed (pip install 'etcdfence[testing]')")
     compose_file = project_compose_file(config)
     if compose_file is None:
         problems.append(
