@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _txn, metrics
+from .._backoff import jittered
 from .._callbacks import OnElected, OnLeaderChange, OnLost, Work
 from .._keys import to_bytes, validate_name
 from .._log import log
@@ -124,6 +125,8 @@ class LeaderElector:
     ``stop()`` ends the loop and resigns. ``on_leader_change(leader)`` is called
     for every leader change seen (any candidate). ``work`` and the callbacks
     are plain functions (an awaitable they return is refused).
+    After an etcd error it campaigns again after ``retry_interval`` seconds, jittered
+    to 50–100 % of it so electors that failed together do not retry together.
 
     Pass ``token`` with every write the work makes (e.g. ``client.fence(...)``):
     the elector stops work promptly, fencing makes it safe even when it is late.
@@ -225,7 +228,7 @@ class LeaderElector:
                 except EtcdfenceError as err:
                     log.warning("etcdfence.elector_retry", election=self.name, error=str(err))
                 if not self._stop_requested.is_set():
-                    _compat.wait_event(self._stop_requested, self._retry_interval)
+                    _compat.wait_event(self._stop_requested, jittered(self._retry_interval))
         finally:
             if observer is not None:
                 observer.cancel()
@@ -304,4 +307,4 @@ class LeaderElector:
                     _compat.run_callback(callback, leader)
             except EtcdfenceError as err:
                 log.info("etcdfence.observe_retry", election=self.name, error=str(err))
-                _compat.wait_event(self._stop_requested, self._retry_interval)
+                _compat.wait_event(self._stop_requested, jittered(self._retry_interval))
