@@ -66,8 +66,10 @@ from .errors import (
     TransactionInProgressError,
     UnsupportedError,
 )
-from .token import FencingToken
-from .types import CallRecord, KeyValue, Leader, WatchBatch, WatchEvent
+
+if TYPE_CHECKING:
+    from .token import FencingToken
+    from .types import CallRecord, KeyValue, Leader, WatchBatch, WatchEvent
 
 __version__ = "0.2.0"  # the one place the version is written (pyproject reads it)
 
@@ -130,9 +132,9 @@ __all__ = [
     "__version__",
 ]
 
-#: The names that need grpc/protobuf, imported when first used: ``import etcdfence``
-#: (and with it the pytest plugin every pytest run in the environment loads) costs a
-#: few milliseconds instead of grpc's ~0.3 s.
+#: Names imported when first used: ``import etcdfence`` (and with it the pytest plugin
+#: every pytest run in the environment loads) costs about a millisecond instead of
+#: grpc's ~0.3 s; only the error classes are defined eagerly.
 _LAZY = {
     "AsyncClient": "._async.client",
     "AsyncElection": "._async.election",
@@ -150,6 +152,12 @@ _LAZY = {
     "Watch": "._sync.watch",
     "Delete": "._txn",
     "Put": "._txn",
+    "FencingToken": ".token",
+    "CallRecord": ".types",
+    "KeyValue": ".types",
+    "Leader": ".types",
+    "WatchBatch": ".types",
+    "WatchEvent": ".types",
 }
 
 
