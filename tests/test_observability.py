@@ -5,6 +5,7 @@ and the README's metric list is exactly what ``enable_metrics`` registers."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -279,3 +280,57 @@ def test_readme_lists_exactly_the_metrics_that_exist() -> None:
 def test_metrics_module_docstring_lists_them_too() -> None:
     documented = set(re.findall(r"``(etcdfence_[a-z_]+)``", metrics.__doc__ or ""))
     assert documented == _registered_names()
+
+
+def test_a_hold_ends_once_whoever_reports_it(registry: Any) -> None:
+    """The session's keepalive thread (expiry) and the owner (release) may report the
+    end at the same moment: exactly one end is counted."""
+    from etcdfence._hold import Hold, expiry_reason
+
+    assert expiry_reason("local deadline passed (no keepalive acknowledged in time)") == ("expired")
+    assert expiry_reason("lease expired or revoked on the server") == "revoked"
+    for round_ in range(20):
+        hold = Hold("lock", "race", round_ + 1, "race/1", 0.0)
+        barrier = threading.Barrier(8)
+
+        def end(reason: str, hold: Hold = hold, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            hold.end(reason)
+
+        threads = [
+            threading.Thread(target=end, args=("expired" if i % 2 else "resigned",))
+            for i in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert hold.ended
+    ended = sum(
+        value(registry, "etcdfence_lock_released_total", kind="lock", name="race", reason=r)
+        for r in ("expired", "resigned")
+    )
+    assert ended == 20
+    assert value(registry, "etcdfence_lock_hold_seconds_count", kind="lock", name="race") == 20
+
+
+@pytest.mark.integration
+async def test_a_cancelled_release_still_ends_the_hold(
+    registry: Any, async_etcd_client: ef.AsyncClient, etcd_namespace: str
+) -> None:
+    import asyncio
+
+    name = etcd_namespace + "/cancel"
+    async with async_etcd_client.session(ttl=10) as session:
+        lock = session.lock(name)
+        await lock.acquire()
+        task = asyncio.ensure_future(lock.release())
+        await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        labels = {"kind": "lock", "name": name}
+        assert value(registry, "etcdfence_lock_held", **labels) == 0
+        assert value(registry, "etcdfence_lock_released_total", **labels, reason="resigned") == 1
+        await lock.release()  # nothing left to count
+        assert value(registry, "etcdfence_lock_released_total", **labels, reason="resigned") == 1

@@ -151,7 +151,7 @@ class AsyncContender:
         if hold is not None:
             hold.end(expiry_reason(self._session.expiry_reason))
 
-    def session_closed(self) -> None:
+    def _session_closed(self) -> None:
         """The session was closed on purpose (its lease revoked): the hold ends as a
         deliberate release."""
         self._end_hold("resigned")

@@ -152,7 +152,7 @@ class Contender:
         if hold is not None:
             hold.end(expiry_reason(self._session.expiry_reason))
 
-    def session_closed(self) -> None:
+    def _session_closed(self) -> None:
         """The session was closed on purpose (its lease revoked): the hold ends as a
         deliberate release."""
         self._end_hold("resigned")

@@ -209,7 +209,7 @@ class Session:
         self._stop_workers()
         self._mark_expired("session closed", notify=False)
         for contender in list(self._contenders.values()):
-            contender.session_closed()  # revoking the lease releases every hold
+            contender._session_closed()  # revoking the lease releases every hold
         if lease_id is not None and not was_expired:
             try:
                 self._conn.call(
