@@ -159,7 +159,7 @@ def _import_prometheus() -> Any:
     except ImportError as exc:  # pragma: no cover - exercised with a patched import
         raise ImportError(
             "etcdfence metrics need prometheus_client; install it with "
-            "`pip install etcdfence[metrics]`"
+            "pip install 'etcdfence[metrics]'"
         ) from exc
     return prometheus_client
 
