@@ -139,36 +139,6 @@ class Contender:
         self._hold = Hold(self._kind, self.name, token.value, token.key or "", waited)
         return token
 
-    # -- the hold's end, for events and metrics (etcdfence/_hold.py) ---------------------
-
-    def _end_hold(self, reason: str) -> None:
-        hold, self._hold = self._hold, None
-        if hold is not None:
-            hold.end(reason)
-
-    def _session_expired(self) -> None:
-        """The session's lease is lost: so is the hold (if any)."""
-        hold = self._hold
-        if hold is not None:
-            hold.end(expiry_reason(self._session.expiry_reason))
-
-    def _session_closed(self) -> None:
-        """The session was closed on purpose (its lease revoked): the hold ends as a
-        deliberate release."""
-        self._end_hold("resigned")
-
-    def _give_up(self) -> bool:
-        """Release (see :meth:`_delete_key`) and report how the hold ended."""
-        deleted: bool | None = None
-        try:
-            deleted = self._delete_key()
-            return deleted
-        finally:
-            if self._session.expired:
-                self._end_hold(expiry_reason(self._session.expiry_reason))
-            else:
-                self._end_hold("deleted" if deleted is False else "resigned")
-
     def _enqueue(self, attempt: _Attempt, value: bytes) -> Any:
         """The acquire txn (and, when our key holds another value, its update); sets
         ``attempt.revision`` to our key's create revision."""
@@ -390,6 +360,36 @@ class Contender:
             and owner[0].create_revision == self._create_revision
             and not self._session.expired
         )
+
+    # -- the hold's end, for events and metrics (etcdfence/_hold.py) ---------------------
+
+    def _end_hold(self, reason: str) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.end(reason)
+
+    def _session_expired(self) -> None:
+        """The session's lease is lost: so is the hold (if any)."""
+        hold = self._hold
+        if hold is not None:
+            hold.end(expiry_reason(self._session.expiry_reason))
+
+    def _session_closed(self) -> None:
+        """The session was closed on purpose (its lease revoked): the hold ends as a
+        deliberate release."""
+        self._end_hold("resigned")
+
+    def _give_up(self) -> bool:
+        """Release (see :meth:`_delete_key`) and report how the hold ended."""
+        deleted: bool | None = None
+        try:
+            deleted = self._delete_key()
+            return deleted
+        finally:
+            if self._session.expired:
+                self._end_hold(expiry_reason(self._session.expiry_reason))
+            else:
+                self._end_hold("deleted" if deleted is False else "resigned")
 
     def __repr__(self) -> str:
         held = "held" if self._token is not None else "not held"
