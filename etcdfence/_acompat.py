@@ -19,14 +19,17 @@ in ``COMPAT_NAMES`` in ``tools/async_to_sync.py``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import queue as _queue
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
+
+from .errors import InvalidTypeError
 
 T = TypeVar("T")
 
@@ -311,15 +314,50 @@ class Background:
         self._thread.join(timeout)
 
 
+def _refuse_awaitable(result: object, what: str) -> None:
+    """A sync twin got an awaitable back: close it (no 'never awaited' warning) and say
+    which class to use instead of silently dropping the coroutine."""
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+        raise InvalidTypeError(
+            f"{what} returned an awaitable (an async function?); the sync LeaderElector "
+            "never awaits: use AsyncLeaderElector, or pass a plain function"
+        )
+
+
+async def arun_callback(callback: Callable[..., Any], *args: Any) -> None:
+    """Call an elector callback; await what it returns if it is awaitable (a coroutine
+    function's result), so ``async def on_elected(token)`` runs to its end."""
+    result = callback(*args)
+    if inspect.isawaitable(result):
+        await result
+
+
+def run_callback(callback: Callable[..., Any], *args: Any) -> None:
+    """Call an elector callback; an awaitable result is refused (never awaited here)."""
+    _refuse_awaitable(callback(*args), "a callback")
+
+
 async def arun_term(
-    work: Callable[[Any, asyncio.Event], Coroutine[Any, Any, Any]], token: Any, stop: asyncio.Event
+    work: Callable[[Any, asyncio.Event], Awaitable[Any]], token: Any, stop: asyncio.Event
 ) -> bool:
     """Run a leader's ``work(token, stop)`` until it returns or ``stop`` is set.
 
     The coroutine is cancelled the moment ``stop`` is set. Returns ``True`` if the
-    work finished on its own.
+    work finished on its own. A ``work`` that returns no awaitable (a plain function:
+    it already ran, blocking the event loop) is refused with
+    :class:`~etcdfence.errors.InvalidTypeError`.
     """
-    task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(work(token, stop))
+    coroutine = work(token, stop)
+    if not inspect.isawaitable(coroutine):
+        raise InvalidTypeError(
+            "AsyncLeaderElector.run(work) needs a coroutine function (async def work(token,"
+            " stop)); a plain function blocks the event loop and cannot be cancelled on "
+            "loss: use LeaderElector for it"
+        )
+    task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(_awaited(coroutine))
     stopper = asyncio.get_running_loop().create_task(stop.wait())
     try:
         done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -342,10 +380,16 @@ def run_term(
     """Run a leader's ``work(token, stop)`` in this thread; ``stop`` is set on loss.
 
     Threads cannot be cancelled, so ``work`` must check ``stop`` (or wait on it).
-    Returns ``True`` if the work returned before ``stop`` was set.
+    Returns ``True`` if the work returned before ``stop`` was set. An awaitable
+    result (an ``async def`` work) is refused, not dropped.
     """
-    work(token, stop)
+    _refuse_awaitable(work(token, stop), "work")
     return not stop.is_set()
+
+
+async def _awaited(awaitable: Any) -> Any:
+    """A coroutine for ``create_task`` from any awaitable."""
+    return await awaitable
 
 
 # --- gRPC ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 import ssl
@@ -73,8 +74,29 @@ def parse_endpoint(text: object) -> Endpoint:
     return Endpoint(parts.hostname, 2379 if port is None else port, parts.scheme == "https")
 
 
+#: Where a client with no endpoints connects when the environment names none.
+DEFAULT_ENDPOINT = "http://127.0.0.1:2379"
+#: Environment variables naming the endpoints, in the order they are consulted.
+ENDPOINTS_ENV = ("ETCDFENCE_ENDPOINTS", "ETCDCTL_ENDPOINTS")
+
+
+def default_endpoints() -> str:
+    """The endpoints a client uses when given none: ``$ETCDFENCE_ENDPOINTS``, else
+    ``$ETCDCTL_ENDPOINTS`` (etcdctl's variable, so a shell set up for etcdctl works
+    as is), else ``http://127.0.0.1:2379`` — where ``etcdfence etcd`` and a default
+    etcd listen. A variable that is set but blank counts as unset."""
+    for name in ENDPOINTS_ENV:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return DEFAULT_ENDPOINT
+
+
 def parse_endpoints(endpoints: object) -> list[Endpoint]:
-    """Parse one endpoint, a comma-separated string or a list of endpoints."""
+    """Parse one endpoint, a comma-separated string or a list of endpoints
+    (``None``: :func:`default_endpoints`)."""
+    if endpoints is None:
+        endpoints = default_endpoints()
     if isinstance(endpoints, str):
         items: list[object] = [e for e in endpoints.split(",") if e.strip()] or [endpoints]
     elif isinstance(endpoints, (list, tuple)):

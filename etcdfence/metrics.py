@@ -26,7 +26,22 @@ Collectors (all prefixed ``etcdfence_``):
 ``etcdfence_leader_lost_total``        counter    terms lost by this process {election}
 ``etcdfence_leader_changes_total``     counter    observed leader changes {election}
 ``etcdfence_leases_lost_total``        counter    sessions whose lease was lost
+``etcdfence_lock_wait_seconds``        histogram  acquire/campaign until owned {kind, name}
+``etcdfence_lock_hold_seconds``        histogram  owned until released or lost {kind, name}
+``etcdfence_lock_held``                gauge      1 while this process holds {kind, name}
+``etcdfence_lock_acquired_total``      counter    holds/terms won {kind, name}
+``etcdfence_lock_released_total``      counter    holds/terms ended {kind, name, reason}
+``etcdfence_requests_total``           counter    etcd requests {method, code}
+``etcdfence_request_errors_total``     counter    failed etcd requests {method, code}
 =====================================  =========  =====================================
+
+``kind`` is ``lock`` or ``election`` (plain :class:`~etcdfence.Lock` /
+:class:`~etcdfence.Election`, and the elector's campaigns); ``reason`` is
+``resigned`` (released or resigned on purpose), ``expired`` (the session's local
+deadline passed), ``revoked`` (etcd said the lease is gone) or ``deleted`` (the key
+was deleted or replaced behind the holder's back). ``method`` is the etcd RPC
+(``Range``, ``Txn``, ``LeaseGrant``, ``stream:Watch``, ...), ``code`` the gRPC status
+name (``OK``, ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``, ...).
 
 ``resource`` and ``election`` are label values: keep the number of distinct names
 bounded (do not put request ids or timestamps into resource names).
@@ -39,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _log
+from .types import CallRecord
 
 __all__ = [
     "METRIC_PREFIX",
@@ -46,12 +62,15 @@ __all__ = [
     "enable_metrics",
     "fence_accepted",
     "fence_rejected",
+    "hold_ended",
+    "hold_started",
     "leader_changed",
     "leader_elected",
     "leader_lost",
     "lease_lost",
     "log",
     "metrics_enabled",
+    "record_call",
 ]
 
 #: Every collector name starts with this.
@@ -80,6 +99,25 @@ _LATENCY_BUCKETS = (
 )
 
 
+# Waits for and holds of a lock: from immediate to an hour.
+_HOLD_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.5,
+    1.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+)
+
+
 @dataclass(frozen=True)
 class _Collectors:
     """The collectors registered in one registry."""
@@ -94,6 +132,13 @@ class _Collectors:
     leader_lost: Any
     leader_changes: Any
     leases_lost: Any
+    lock_wait_seconds: Any
+    lock_hold_seconds: Any
+    lock_held: Any
+    lock_acquired: Any
+    lock_released: Any
+    requests: Any
+    request_errors: Any
 
 
 _lock = threading.Lock()
@@ -114,7 +159,7 @@ def _import_prometheus() -> Any:
     except ImportError as exc:  # pragma: no cover - exercised with a patched import
         raise ImportError(
             "etcdfence metrics need prometheus_client; install it with "
-            "`pip install etcdfence[metrics]`"
+            "pip install 'etcdfence[metrics]'"
         ) from exc
     return prometheus_client
 
@@ -178,7 +223,53 @@ def _create(registry: Any) -> _Collectors:
             "Sessions whose lease expired or was revoked before they were closed.",
             registry=registry,
         ),
+        **_create_lock_and_call_collectors(pc, registry),
     )
+
+
+def _create_lock_and_call_collectors(pc: Any, registry: Any) -> dict[str, Any]:
+    p = METRIC_PREFIX
+    kn = ["kind", "name"]
+    return {
+        "lock_wait_seconds": pc.Histogram(
+            p + "lock_wait_seconds",
+            "Time from acquire()/campaign() to ownership, seconds.",
+            kn,
+            registry=registry,
+            buckets=_HOLD_BUCKETS,
+        ),
+        "lock_hold_seconds": pc.Histogram(
+            p + "lock_hold_seconds",
+            "Time a lock was held / an election led, until released or lost, seconds.",
+            kn,
+            registry=registry,
+            buckets=_HOLD_BUCKETS,
+        ),
+        "lock_held": pc.Gauge(
+            p + "lock_held", "1 while this process holds the lock / leads.", kn, registry=registry
+        ),
+        "lock_acquired": pc.Counter(
+            p + "lock_acquired", "Locks acquired / elections won.", kn, registry=registry
+        ),
+        "lock_released": pc.Counter(
+            p + "lock_released",
+            "Holds that ended, by reason: resigned, expired, revoked, deleted.",
+            [*kn, "reason"],
+            registry=registry,
+        ),
+        "requests": pc.Counter(
+            p + "requests",
+            "Requests sent to etcd (every attempt) and streams opened, by gRPC status.",
+            ["method", "code"],
+            registry=registry,
+        ),
+        "request_errors": pc.Counter(
+            p + "request_errors",
+            "Requests to etcd that failed (any status but OK), by gRPC status.",
+            ["method", "code"],
+            registry=registry,
+        ),
+    }
 
 
 def enable_metrics(registry: Any = None) -> None:
@@ -310,3 +401,53 @@ def lease_lost(lease_id: int, reason: str) -> None:
     if m is None:
         return
     m.leases_lost.inc()
+
+
+#: ``reason`` values of :func:`hold_ended` that are not a deliberate release.
+LOSS_REASONS = frozenset({"expired", "revoked", "deleted"})
+_HOLD_EVENTS = {
+    "lock": ("etcdfence.lock_acquired", "etcdfence.lock_released", "etcdfence.lock_lost"),
+    "election": ("etcdfence.elected", "etcdfence.resigned", "etcdfence.election_lost"),
+}
+
+
+def hold_started(kind: str, name: str, token: int, key: str, waited: float) -> None:
+    """A plain lock was acquired / election won (``kind``: ``lock`` or ``election``)
+    after waiting ``waited`` seconds; ``token`` fences the hold."""
+    event = _HOLD_EVENTS[kind][0]
+    log.info(event, **{kind: name}, token=token, key=key, wait_seconds=round(waited, 6))
+    m = _active
+    if m is None:
+        return
+    m.lock_wait_seconds.labels(kind, name).observe(waited)
+    m.lock_held.labels(kind, name).set(1)
+    m.lock_acquired.labels(kind, name).inc()
+
+
+def hold_ended(kind: str, name: str, token: int, held: float, reason: str) -> None:
+    """A hold ended after ``held`` seconds: ``reason`` is ``resigned`` (released on
+    purpose, an info event) or a loss — ``expired``, ``revoked``, ``deleted`` — logged
+    as a warning (``etcdfence.lock_lost`` / ``etcdfence.election_lost``)."""
+    _, released, lost = _HOLD_EVENTS[kind]
+    fields = {kind: name, "token": token, "held_seconds": round(held, 6), "reason": reason}
+    if reason in LOSS_REASONS:
+        log.warning(lost, **fields)
+    else:
+        log.info(released, **fields)
+    m = _active
+    if m is None:
+        return
+    m.lock_hold_seconds.labels(kind, name).observe(held)
+    m.lock_held.labels(kind, name).set(0)
+    m.lock_released.labels(kind, name, reason).inc()
+
+
+def record_call(record: CallRecord) -> None:
+    """Count one etcd request attempt (a :class:`~etcdfence.CallRecord`) by method and
+    gRPC status code. The client's connection calls it while metrics are on."""
+    m = _active
+    if m is None:
+        return
+    m.requests.labels(record.method, record.code).inc()
+    if record.code != "OK":
+        m.request_errors.labels(record.method, record.code).inc()

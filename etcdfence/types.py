@@ -13,13 +13,16 @@ class CallRecord:
     ``method`` is the etcd RPC (``"Range"``, ``"Txn"``, ``"LeaseGrant"``, ...), or
     ``"stream:Watch"`` / ``"stream:LeaseKeepAlive"`` when a stream was opened. Every
     attempt is reported, retries included. ``outcome`` is ``"ok"``, ``"error"`` or
-    ``"cancelled"``; ``duration`` is in seconds (0 for a stream open).
+    ``"cancelled"``; ``duration`` is in seconds (0 for a stream open). ``code`` is the
+    gRPC status name (``"OK"``, ``"UNAVAILABLE"``, ``"DEADLINE_EXCEEDED"``,
+    ``"CANCELLED"``, ...; ``"UNKNOWN"`` for an error without one).
     """
 
     method: str
     endpoint: str
     duration: float
     outcome: str
+    code: str = "OK"
 
 
 @dataclass(frozen=True)

@@ -558,7 +558,7 @@ def test_demo_rejects_the_zombie_write_and_leaves_nothing_behind() -> None:
 
 @pytest.mark.integration
 def test_etcd_command_serves_until_sigterm() -> None:
-    proc = start("etcd", env=clean_env())
+    proc = start("etcd", "--listen", "127.0.0.1:0", env=clean_env())
     try:
         out = Lines(proc.stdout)
         err = Lines(proc.stderr)

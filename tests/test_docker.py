@@ -23,8 +23,8 @@ pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
-DOCKERFILE = ROOT / "compose" / "Dockerfile"
+COMPOSE_FILE = ROOT / "etcdfence" / "testing" / "compose" / "docker-compose.yml"
+DOCKERFILE = ROOT / "etcdfence" / "testing" / "compose" / "Dockerfile"
 DEBIAN_ETCD = "/usr/bin/etcd"
 
 

@@ -188,7 +188,7 @@ def test_default_registry_and_exposition() -> None:
 
 def test_missing_prometheus_client_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # makes the import fail
-    with pytest.raises(ImportError, match=r"pip install etcdfence\[metrics\]"):
+    with pytest.raises(ImportError, match=r"pip install 'etcdfence\[metrics\]'"):
         metrics.enable_metrics()
     assert not metrics.metrics_enabled()
 

@@ -68,6 +68,11 @@ NAMES: dict[str, str] = {
     "AsyncIterator": "Iterator",
     "StopAsyncIteration": "StopIteration",
     "AsyncRetrying": "Retrying",  # tenacity
+    # the types of a leader's work and the elector's callbacks (etcdfence/_callbacks.py)
+    "AsyncWork": "Work",
+    "AsyncOnElected": "OnElected",
+    "AsyncOnLost": "OnLost",
+    "AsyncOnLeaderChange": "OnLeaderChange",
 }
 
 #: Each primitive of ``etcdfence/_acompat.py``: its async form -> its sync form.
@@ -95,6 +100,7 @@ COMPAT_NAMES: dict[str, str] = {
     "acall_threadsafe": "call_threadsafe",
     "ABackground": "Background",
     "arun_term": "run_term",
+    "arun_callback": "run_callback",
     "anew_channel": "new_channel",
     "aclose_channel": "close_channel",
     "aunary": "unary",
@@ -125,6 +131,12 @@ PHRASES: list[tuple[str, str]] = [
     ),
     ("between the threads or\n    tasks of one writer.", "between the threads of\n    one writer."),
     ("on the session's background task/thread", "on the session's background thread"),
+    (
+        "``work`` is an ``async def``\n    function and each callback a plain or an ``async def``"
+        " function (awaited).",
+        "``work`` and the callbacks\n    are plain functions (an awaitable they return is"
+        " refused).",
+    ),
     # the compat table
     (
         "Each primitive's async form under its plain name (the async side",

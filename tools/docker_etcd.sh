@@ -87,7 +87,7 @@ stop_engine() {
 up() {
   install_missing
   start_engine
-  "$PYTHON" -m etcdfence.testing.docker image --dockerfile compose/Dockerfile
+  "$PYTHON" -m etcdfence.testing.docker image --dockerfile etcdfence/testing/compose/Dockerfile
 }
 
 case "${1:-}" in

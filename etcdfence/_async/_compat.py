@@ -35,6 +35,7 @@ owner_loop = _c.aowner_loop
 call_threadsafe = _c.acall_threadsafe
 Background = _c.ABackground
 run_term = _c.arun_term
+run_callback = _c.arun_callback
 
 new_channel = _c.anew_channel
 close_channel = _c.aclose_channel

@@ -30,9 +30,11 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
     stop_after_delay,
-    wait_exponential,
+    wait_random_exponential,
 )
 
+from .. import metrics
+from .._backoff import jittered
 from .._endpoints import Endpoint, parse_endpoints, speaks_tls
 from .._log import log
 from .._wire import messages as m
@@ -66,13 +68,26 @@ _MAX_RECEIVE = 64 * 1024 * 1024
 
 
 def _capped_backoff(deadline: float) -> Callable[[tenacity.RetryCallState], float]:
-    """Exponential backoff (50 ms doubling to 1 s) that never sleeps past ``deadline``."""
-    backoff = wait_exponential(multiplier=0.05, max=1.0)
+    """Exponential backoff with full jitter (a random wait up to 50 ms doubling to 1 s,
+    so clients that failed together do not retry together) that never sleeps past
+    ``deadline``."""
+    backoff = wait_random_exponential(multiplier=0.05, max=1.0)
 
     def wait(state: tenacity.RetryCallState) -> float:
         return max(0.0, min(backoff(state), deadline - _compat.monotonic()))
 
     return wait
+
+
+def _status_name(error: object) -> str:
+    """The gRPC status name of a failed call (``UNKNOWN`` when it has none)."""
+    code = getattr(error, "code", None)
+    try:
+        status = code() if callable(code) else None
+    except Exception:
+        status = None
+    name = getattr(status, "name", None)
+    return name if isinstance(name, str) else "UNKNOWN"
 
 
 class _Retry(Exception):
@@ -98,7 +113,7 @@ class AsyncConnection:
 
     def __init__(
         self,
-        endpoints: str | list[str] | tuple[str, ...],
+        endpoints: str | list[str] | tuple[str, ...] | None,
         *,
         timeout: float,
         username: str | None,
@@ -207,14 +222,20 @@ class AsyncConnection:
 
         return remove
 
+    @property
+    def observed(self) -> bool:
+        """Whether calls are reported: observers registered, or metrics on."""
+        return bool(self._observers) or metrics.metrics_enabled()
+
     def _notify(self, method: str, index: int, duration: float, error: object) -> None:
         if error is None:
-            outcome = "ok"
+            outcome, code = "ok", "OK"
         elif isinstance(error, (_compat.Aborted, KeyboardInterrupt)):
-            outcome = "cancelled"
+            outcome, code = "cancelled", "CANCELLED"
         else:
-            outcome = "error"
-        record = CallRecord(method, str(self.endpoints[index]), duration, outcome)
+            outcome, code = "error", _status_name(error)
+        record = CallRecord(method, str(self.endpoints[index]), duration, outcome, code)
+        metrics.record_call(record)
         for observer in self._observers:
             observer(record)  # an observer's exception is the call's: see AsyncClient.on_call
 
@@ -409,7 +430,7 @@ class AsyncConnection:
             return response
         finally:
             self._slots.release()
-            if self._observers:
+            if self.observed:
                 self._notify(method, index, _compat.monotonic() - started, sys.exc_info()[1])
 
     async def _explain_plaintext(self, err: grpc.RpcError, index: int) -> None:
@@ -434,7 +455,7 @@ class AsyncConnection:
         index = self._current
         raw = _compat.Stream(self._channel(index), path, req_cls, resp_cls, self.metadata())
         endpoint = self.endpoints[index]
-        if self._observers:
+        if self.observed:
             self._notify("stream:" + name, index, 0.0, None)
         return EtcdStream(raw, index, lambda err: self._translate(err, endpoint), self._heard)
 
@@ -453,8 +474,9 @@ class AsyncConnection:
         When the stream breaks (``run`` raises an :class:`EtcdfenceError`), the
         connection re-authenticates or moves to the next endpoint, then — unless
         ``fatal(error)`` says the error ends it (it is then raised) — reopens the
-        stream after a backoff of 50 ms doubling to ``max_backoff``, reset whenever
-        the broken stream had delivered something.
+        stream after a backoff of 50 ms doubling to ``max_backoff`` (each wait drawn
+        from its upper half: jitter), reset whenever the broken stream had delivered
+        something.
         """
         backoff = 0.05
         while not stop.is_set():
@@ -473,7 +495,7 @@ class AsyncConnection:
                 if fatal is not None and await fatal(error):
                     raise error from None
                 log.debug("etcdfence.stream_retry", stream=name, error=str(error))
-                await _compat.wait_event(stop, backoff)
+                await _compat.wait_event(stop, jittered(backoff))
                 backoff = min(backoff * 2, max_backoff)
             finally:
                 if stream is not None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _txn
+from .._hold import Hold, expiry_reason
 from .._keys import contender_key, contender_prefix, validate_name, validate_timeout
 from .._log import log
 from ..errors import (
@@ -74,6 +75,8 @@ class AsyncContender:
         self._state: str | None = None
         self._state_lock = threading.Lock()  # callers may be threads (sync twin)
         self._stray: bytes | None = None  # a key we failed to withdraw (see _withdraw)
+        self._hold: Hold | None = None  # the current hold, for events and metrics
+        session.on_expired(self._session_expired)
 
     @property
     def session(self) -> AsyncSession:
@@ -108,6 +111,7 @@ class AsyncContender:
         a timeout, an error, a lost reply, cancellation, KeyboardInterrupt — withdraws
         our key, so no contender is left blocked behind a key nobody waits on."""
         timeout = validate_timeout(timeout)
+        started = _compat.monotonic()
         self._session.check()  # a lost session is reported as such, not as "held"
         self._claim()
         try:
@@ -138,6 +142,8 @@ class AsyncContender:
         finally:
             queues.exit(self._prefix)
         self._set_state("held")
+        waited = _compat.monotonic() - started
+        self._hold = Hold(self._kind, self.name, token.value, token.key or "", waited)
         return token
 
     async def _enqueue(self, attempt: _Attempt, value: bytes, crowd: bool) -> Any:
@@ -320,7 +326,7 @@ class AsyncContender:
         now = await self._conn.call("Range", _txn.range_request(kv.key), idempotent=True)
         return bool(now.kvs and now.kvs[0].create_revision == kv.create_revision)
 
-    async def _give_up(self) -> bool:
+    async def _delete_key(self) -> bool:
         """Delete our key if it is still the incarnation we created; True if it was.
 
         Skipped when the session is known to be expired (the lease took the key, or
@@ -391,6 +397,36 @@ class AsyncContender:
             and owner[0].create_revision == self._create_revision
             and not self._session.expired
         )
+
+    # -- the hold's end, for events and metrics (etcdfence/_hold.py) ---------------------
+
+    def _end_hold(self, reason: str) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.end(reason)
+
+    def _session_expired(self) -> None:
+        """The session's lease is lost: so is the hold (if any)."""
+        hold = self._hold
+        if hold is not None:
+            hold.end(expiry_reason(self._session.expiry_reason))
+
+    def _session_closed(self) -> None:
+        """The session was closed on purpose (its lease revoked): the hold ends as a
+        deliberate release."""
+        self._end_hold("resigned")
+
+    async def _give_up(self) -> bool:
+        """Release (see :meth:`_delete_key`) and report how the hold ended."""
+        deleted: bool | None = None
+        try:
+            deleted = await self._delete_key()
+            return deleted
+        finally:
+            if self._session.expired:
+                self._end_hold(expiry_reason(self._session.expiry_reason))
+            else:
+                self._end_hold("deleted" if deleted is False else "resigned")
 
     def __repr__(self) -> str:
         held = "held" if self._token is not None else "not held"

@@ -53,6 +53,7 @@ class AsyncElection(AsyncContender):
         if not response.succeeded:
             self._token = None
             self._create_revision = 0
+            self._end_hold("deleted")
             raise NotLeaderError(f"leadership of {self.name!r} was lost (key gone)")
         revision: int = response.header.revision
         return revision

@@ -8,11 +8,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _txn, metrics
+from .._backoff import jittered
+from .._callbacks import AsyncOnElected, AsyncOnLeaderChange, AsyncOnLost, AsyncWork
 from .._keys import to_bytes, validate_name
 from .._log import log
 from ..errors import CompactedError, EtcdfenceError, InvalidArgumentError, InvalidTypeError
 from ..token import FencingToken
-from ..types import Leader
 from . import _compat
 from .observe import observe_leader
 from .watch import AsyncWatch
@@ -121,7 +122,10 @@ class AsyncLeaderElector:
     key was deleted — ``stop`` is set and the work task is cancelled, then
     ``on_lost()`` runs and the elector campaigns again with a fresh session.
     ``stop()`` ends the loop and resigns. ``on_leader_change(leader)`` is called
-    for every leader change seen (any candidate).
+    for every leader change seen (any candidate). ``work`` is an ``async def``
+    function and each callback a plain or an ``async def`` function (awaited).
+    After an etcd error it campaigns again after ``retry_interval`` seconds, jittered
+    to 50–100 % of it so electors that failed together do not retry together.
 
     Pass ``token`` with every write the work makes (e.g. ``client.fence(...)``):
     the elector stops work promptly, fencing makes it safe even when it is late.
@@ -134,9 +138,9 @@ class AsyncLeaderElector:
         *,
         identity: str,
         ttl: int = 10,
-        on_elected: Callable[[FencingToken], Any] | None = None,
-        on_lost: Callable[[], Any] | None = None,
-        on_leader_change: Callable[[Leader | None], Any] | None = None,
+        on_elected: AsyncOnElected | None = None,
+        on_lost: AsyncOnLost | None = None,
+        on_leader_change: AsyncOnLeaderChange | None = None,
         margin: float | None = None,
         retry_interval: float = 1.0,
     ) -> None:
@@ -201,7 +205,7 @@ class AsyncLeaderElector:
         if session is not None:
             session.interrupt_waiters(_Stopped("elector stopped"))
 
-    async def run(self, work: Callable[..., Any]) -> None:
+    async def run(self, work: AsyncWork) -> None:
         """Campaign, run ``work(token, stop)`` while leading, repeat until :meth:`stop`.
 
         An exception from ``work`` or from a callback (``on_elected``, ``on_lost``)
@@ -219,15 +223,17 @@ class AsyncLeaderElector:
                     await self._term(work)
                 except _Stopped:
                     break
+                except InvalidTypeError:  # a work or callback this twin cannot run
+                    raise
                 except EtcdfenceError as err:
                     log.warning("etcdfence.elector_retry", election=self.name, error=str(err))
                 if not self._stop_requested.is_set():
-                    await _compat.wait_event(self._stop_requested, self._retry_interval)
+                    await _compat.wait_event(self._stop_requested, jittered(self._retry_interval))
         finally:
             if observer is not None:
                 observer.cancel()
 
-    async def _term(self, work: Callable[..., Any]) -> None:
+    async def _term(self, work: AsyncWork) -> None:
         async with self._client.session(self._ttl, margin=self._margin) as session:
             self._session = session
             if self._stop_requested.is_set():  # stop() may have missed this session
@@ -250,7 +256,7 @@ class AsyncLeaderElector:
             try:
                 metrics.leader_elected(self.name, token.value, self.identity)
                 if self._on_elected is not None:
-                    self._on_elected(token)
+                    await _compat.run_callback(self._on_elected, token)
                 if self._stop_requested.is_set():
                     lost.set()
                 finished = await _compat.run_term(work, token, lost)
@@ -280,7 +286,7 @@ class AsyncLeaderElector:
             await monitor.aclose()
             metrics.leader_lost(self.name, self.identity, reason)
             if self._on_lost is not None:
-                self._on_lost()
+                await _compat.run_callback(self._on_lost)
         finally:
             if not session.expired:
                 try:
@@ -298,7 +304,7 @@ class AsyncLeaderElector:
                 ):
                     if self._stop_requested.is_set():
                         return
-                    callback(leader)
+                    await _compat.run_callback(callback, leader)
             except EtcdfenceError as err:
                 log.info("etcdfence.observe_retry", election=self.name, error=str(err))
-                await _compat.wait_event(self._stop_requested, self._retry_interval)
+                await _compat.wait_event(self._stop_requested, jittered(self._retry_interval))

@@ -123,6 +123,11 @@ class AsyncSession:
         return self._expired.is_set()
 
     @property
+    def expiry_reason(self) -> str | None:
+        """Why the session expired (``None`` while it has not)."""
+        return self._expiry_reason if self._expired.is_set() else None
+
+    @property
     def deadline(self) -> float:
         """``time.monotonic()`` value at which the session expires unless renewed."""
         return self._deadline if self._kept is None else self._kept.deadline
@@ -207,6 +212,8 @@ class AsyncSession:
         was_expired = self._expired.is_set()
         await self._stop_workers()
         self._mark_expired("session closed", notify=False)
+        for contender in list(self._contenders.values()):
+            contender._session_closed()  # revoking the lease releases every hold
         if lease_id is not None and not was_expired:
             try:
                 await self._conn.call(

@@ -36,6 +36,7 @@ owner_loop = _c.owner_loop
 call_threadsafe = _c.call_threadsafe
 Background = _c.Background
 run_term = _c.run_term
+run_callback = _c.run_callback
 
 new_channel = _c.new_channel
 close_channel = _c.close_channel

@@ -32,9 +32,12 @@ class Client:
 
     ``endpoints`` is one endpoint, a comma-separated string or a list
     (``http://h:p``, ``https://h:p`` or ``h:p``); calls fail over to the next
-    endpoint when one is down. ``timeout`` bounds every call. For TLS pass
-    ``ca_file`` (and ``cert_file``/``key_file`` for client certificates;
-    ``server_name`` overrides the name checked in the server certificate); for
+    endpoint when one is down. Without ``endpoints`` the client uses
+    ``$ETCDFENCE_ENDPOINTS``, else ``$ETCDCTL_ENDPOINTS``, else
+    ``http://127.0.0.1:2379`` (where ``etcdfence etcd`` listens). ``timeout``
+    bounds every call. For TLS pass ``ca_file`` (and ``cert_file``/``key_file``
+    for client certificates; ``server_name`` overrides the name checked in the
+    server certificate); for
     password auth pass ``username``/``password`` — the token is refreshed
     automatically when it expires.
 
@@ -43,7 +46,7 @@ class Client:
 
     def __init__(
         self,
-        endpoints: str | list[str] | tuple[str, ...] = "http://127.0.0.1:2379",
+        endpoints: str | list[str] | tuple[str, ...] | None = None,
         *,
         timeout: float = 5.0,
         username: str | None = None,

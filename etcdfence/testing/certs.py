@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -187,6 +187,17 @@ def _make_leaf(
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
+def _cryptography_oids() -> Any:
+    """``cryptography``'s ExtendedKeyUsageOID, or an ImportError naming the extra."""
+    try:
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+    except ImportError as exc:
+        raise ImportError(
+            "make_test_pki needs the cryptography package: pip install 'etcdfence[testing]'"
+        ) from exc
+    return ExtendedKeyUsageOID
+
+
 def make_test_pki(
     directory: str | os.PathLike[str],
     *,
@@ -200,7 +211,7 @@ def make_test_pki(
     ``clientAuth`` usages: etcd's grpc-gateway dials its own gRPC port with the server
     certificate, which ``--client-cert-auth`` would otherwise reject.
     """
-    from cryptography.x509.oid import ExtendedKeyUsageOID
+    ExtendedKeyUsageOID = _cryptography_oids()
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

@@ -387,7 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     build = sub.add_parser("build", help="build etcdfence/etcd:<version>-local")
     image = sub.add_parser("image", help="print the image the compose cluster runs")
     for command in (build, image):
-        command.add_argument("--dockerfile", default="compose/Dockerfile")
+        command.add_argument(
+            "--dockerfile",
+            default=str(Path(__file__).resolve().parent / "compose" / "Dockerfile"),
+            help="default: the Dockerfile shipped in the package",
+        )
     build.add_argument("--etcd", default=None, help="etcd binary (default: find_etcd())")
     args = parser.parse_args(argv)
     try:

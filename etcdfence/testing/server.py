@@ -61,18 +61,24 @@ _port_lock = threading.Lock()
 _recent_ports: list[int] = []
 
 
-def _free_port() -> int:
-    """A port that is free on 127.0.0.1 now and was not handed out recently here."""
+def _free_port(host: str = _HOST) -> int:
+    """A port that is free on ``host`` now and was not handed out recently here."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with _port_lock:
         for _ in range(50):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((_HOST, 0))
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
                 port = int(sock.getsockname()[1])
             if port not in _recent_ports:
                 _recent_ports.append(port)
                 del _recent_ports[:-256]
                 return port
-        raise RuntimeError("could not find a free TCP port on 127.0.0.1")
+        raise RuntimeError(f"could not find a free TCP port on {host}")
+
+
+def _url_host(host: str) -> str:
+    """``host`` as it appears in a URL (IPv6 literals bracketed)."""
+    return f"[{host}]" if ":" in host else host
 
 
 # --------------------------------------------------------------------------- cleanup
@@ -310,8 +316,9 @@ class EtcdServer:
 
     ``data_dir`` keeps etcd's data somewhere you own (it is not deleted on stop); by
     default everything lives in a temporary directory removed by :meth:`stop`.
-    ``client_port``, ``peer_port``, ``initial_cluster`` and ``workdir`` exist for
-    :class:`EtcdCluster`; leave them unset for a single server.
+    ``host`` is the loopback (or other local) IP address etcd listens on, and
+    ``client_port``/``peer_port`` fix its ports (free ones by default);
+    ``initial_cluster`` and ``workdir`` exist for :class:`EtcdCluster`.
     """
 
     def __init__(
@@ -331,6 +338,7 @@ class EtcdServer:
         initial_cluster: str | None = None,
         initial_cluster_token: str | None = None,
         workdir: str | os.PathLike[str] | None = None,
+        host: str = _HOST,
     ) -> None:
         if client_cert_auth and tls is None:
             raise ValueError("client_cert_auth=True needs tls=TLSFiles(...)")
@@ -342,6 +350,7 @@ class EtcdServer:
         self._heartbeat = heartbeat_interval_ms
         self._election = election_timeout_ms
         self._start_timeout = start_timeout
+        self._host = host
         self._fixed_ports = client_port is not None or peer_port is not None
         self._client_port = client_port
         self._peer_port = peer_port
@@ -404,7 +413,7 @@ class EtcdServer:
     @property
     def endpoint(self) -> str:
         """The client URL, e.g. ``http://127.0.0.1:23791``."""
-        return f"{self.scheme}://{_HOST}:{self.client_port}"
+        return f"{self.scheme}://{_url_host(self._host)}:{self.client_port}"
 
     @property
     def endpoints(self) -> list[str]:
@@ -414,7 +423,7 @@ class EtcdServer:
     @property
     def peer_url(self) -> str:
         """The peer URL advertised to other members."""
-        return f"http://{_HOST}:{self.peer_port}"
+        return f"http://{_url_host(self._host)}:{self.peer_port}"
 
     @property
     def pid(self) -> int | None:
@@ -513,9 +522,9 @@ class EtcdServer:
     def command(self) -> list[str]:
         """The full etcd command line this server runs (ports assigned on first call)."""
         if self._client_port is None:
-            self._client_port = _free_port()
+            self._client_port = _free_port(self._host)
         if self._peer_port is None:
-            self._peer_port = _free_port()
+            self._peer_port = _free_port(self._host)
         self._prepare_workdir()
         client_url = self.endpoint
         initial_cluster = self._initial_cluster or f"{self._name}={self.peer_url}"
@@ -713,6 +722,10 @@ class EtcdCluster:
     member index: :meth:`kill`, :meth:`pause`, :meth:`resume`, :meth:`restart`;
     :meth:`leader_index` / :meth:`wait_for_leader` tell which member leads.
     :meth:`stop` copes with killed and paused members.
+
+    Ports are free ones on ``host``; with ``base_port`` member *i* listens for clients
+    on ``base_port + 2i`` and for peers on ``base_port + 2i + 1`` (2379/2380,
+    2381/2382, ... for ``base_port=2379``).
     """
 
     def __init__(
@@ -726,10 +739,14 @@ class EtcdCluster:
         heartbeat_interval_ms: int = 50,
         election_timeout_ms: int = 500,
         start_timeout: float = 60.0,
+        host: str = _HOST,
+        base_port: int | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
         self._size = size
+        self._host = host
+        self._base_port = base_port  # member i: client base+2i, peer base+2i+1
         self._binary = os.path.abspath(binary) if binary is not None else find_etcd()
         self._extra_args = list(extra_args)
         self._tls = tls
@@ -813,7 +830,7 @@ class EtcdCluster:
                     "address already in use" in member.log_tail() for member in self._members
                 )
                 self.stop()
-                if attempt == 1 or not port_race:
+                if attempt == 1 or not port_race or self._base_port is not None:
                     raise
         raise AssertionError("unreachable")
 
@@ -822,10 +839,15 @@ class EtcdCluster:
         workdir = _make_workdir("cluster")
         self._workdir_box.append(workdir)
         names = [f"etcd{i}" for i in range(self._size)]
-        peer_ports = [_free_port() for _ in names]
-        client_ports = [_free_port() for _ in names]
+        if self._base_port is None:
+            peer_ports = [_free_port(self._host) for _ in names]
+            client_ports = [_free_port(self._host) for _ in names]
+        else:
+            client_ports = [self._base_port + 2 * i for i in range(self._size)]
+            peer_ports = [port + 1 for port in client_ports]
+        host = _url_host(self._host)
         initial = ",".join(
-            f"{name}=http://{_HOST}:{port}" for name, port in zip(names, peer_ports, strict=True)
+            f"{name}=http://{host}:{port}" for name, port in zip(names, peer_ports, strict=True)
         )
         token = f"etcdfence-{uuid.uuid4().hex[:8]}"
         return [
@@ -843,6 +865,7 @@ class EtcdCluster:
                 initial_cluster=initial,
                 initial_cluster_token=token,
                 workdir=workdir,
+                host=self._host,
             )
             for name, client_port, peer_port in zip(names, client_ports, peer_ports, strict=True)
         ]
