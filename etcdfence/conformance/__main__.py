@@ -8,6 +8,7 @@ text (progress on stderr) or, with ``-w json``, as one JSON document.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ..errors import EtcdfenceError
@@ -31,12 +32,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip", action="append", default=[], metavar="SCENARIO")
     parser.add_argument("--ttl", type=int, default=2, help="lease TTL of the kit's terms")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show the library's warnings too"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the kit; the exit status says whether the resource fences."""
     args = parse_args(argv)
+    if not args.verbose:  # the kit's zombies lose their leases on purpose
+        logging.getLogger("etcdfence").setLevel(logging.ERROR)
     endpoints = None if not args.endpoints else [e for e in args.endpoints.split(",") if e]
 
     def progress(result: ScenarioResult) -> None:

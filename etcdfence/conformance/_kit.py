@@ -200,8 +200,7 @@ class Run:
         elif outcome == "rejected":
             recorder.rejected(pending, detail=detail)
         else:
-            recorder.unknown(pending, detail or "")
-            self.expect(False, "adapter-error", f"write raised {detail} (not a rejection)")
+            recorder.unknown(pending, detail or "")  # a finding of _verdict's
         return outcome
 
     def read(self, key: str) -> str | None:
@@ -283,7 +282,9 @@ def _verdict(
     final = {k: v for k, v in run._last.items() if v is not None} if run.observed else None
     history = History(events, run.changes if run.observed else [], final, layout)
     result = check(history)
-    findings = run.findings + [Finding(v.kind, v.message) for v in result.violations]
+    findings = _unknown_outcomes(events) + run.findings
+    findings += [Finding(v.kind, v.message) for v in result.violations]
+    findings = list(dict.fromkeys(findings))  # the same finding once
     lines = describe_events(events)
     if run.observed and run.changes:
         lines.append("what the kit read back after each write (rev = order of reads):")
@@ -303,3 +304,16 @@ def _verdict(
     return ScenarioResult(
         scenario.name, scenario.title, status, explanation, findings, lines, str(result), seconds
     )
+
+
+def _unknown_outcomes(events: list[Any]) -> list[Finding]:
+    """A write that raised something other than a rejection: the kit cannot judge it."""
+    return [
+        Finding(
+            "adapter-error",
+            f"{e.contender}'s write with token {e.token} raised {e.detail}: not a rejection "
+            "(declare it in Adapter(rejections=...) if it is one)",
+        )
+        for e in events
+        if e.kind == "unknown" and not (e.detail or "").startswith("the kit dropped")
+    ]
