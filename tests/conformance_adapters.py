@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
+import time
 from typing import Any
 
-from etcdfence import StaleTokenError
+from etcdfence import Client, EtcdUnavailable, StaleTokenError, _txn
 from etcdfence.conformance import Adapter
 from etcdfence.conformance.adapters import fence_guard_adapter, sql_fence_adapter
+from etcdfence.testing import FaultProxy
 from etcdfence.token import coerce_token
 
 
@@ -113,3 +116,89 @@ def connector(dialect: str, path: str = "") -> Any:
     return lambda: pymysql.connect(
         host="127.0.0.1", port=3306, user="root", password="", database="test", connect_timeout=5
     )
+
+
+class HeldFenceGuard:
+    """FenceGuard whose client reaches etcd through a FaultProxy, so that one write can
+    be held in the network (``delay``) and delivered after later writes.
+
+    ``epochs=False`` is the control: the guarded txn the 0.1 way, whose epoch never
+    moves, so a held write of the current term lands late (issue #17).
+    """
+
+    rejections = (StaleTokenError,)
+
+    def __init__(self, endpoints: list[str], *, epochs: bool = True) -> None:
+        self.proxy = FaultProxy(endpoints[0])
+        self.client = Client([self.proxy.endpoint], timeout=5.0)
+        self.epochs = epochs
+        self.guards: dict[str, Any] = {}
+        self.lock = threading.Lock()
+
+    def guard(self, key: str) -> Any:
+        with self.lock:
+            return self.guards.setdefault(key, self.client.fence(key))
+
+    def _txn(self, token: int, key: str, value: str, epoch: int) -> Any:
+        return _txn.fence_txn(
+            self.guard(key).key, token, [_txn.op_put(key.encode(), value.encode())], epoch=epoch
+        )
+
+    def write(self, token: Any, key: str, value: str) -> None:
+        if self.epochs:
+            self.guard(key).put(token, key, value)
+            return
+        value_ = coerce_token(token)
+        if self.client.txn_raw(self._txn(value_, key, value, 0)).succeeded:  # stale branch
+            raise StaleTokenError(key, value_, self.guard(key).current())
+
+    def read(self, key: str) -> bytes | None:
+        kv = self.client.get(key)
+        return None if kv is None else bytes(kv.value)
+
+    def delay(self, token: Any, key: str, value: str) -> Any:
+        value_ = coerce_token(token)
+        epoch = self.guard(key).epoch(value_) if self.epochs else 0
+        size = len(self._txn(value_, key, value, epoch).SerializeToString()) + 9 + 5
+        self.client.get(key)  # the connection through the proxy is up
+        self.proxy.hold()
+        outcome: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                self.write(token, key, value)
+            except BaseException as err:
+                outcome.append(err)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        self.proxy.wait_held(size)  # the whole request is in the network
+        self.proxy.sever_held()  # the client gives up; its bytes stay held
+        sender.join(15)
+        assert outcome and isinstance(outcome[0], EtcdUnavailable), outcome
+        self.client.get(key)  # an idempotent read: the channel reconnects first
+
+        def release() -> None:
+            self.proxy.release()
+            deadline = time.monotonic() + 10
+            while self.proxy.held_bytes and time.monotonic() < deadline:
+                time.sleep(0.01)
+            # etcd handles the delivered request or not: a rejected one changes nothing
+            # a watch could report, so give it the proxy's linger (1 s) and a margin
+            time.sleep(1.5)
+
+        return release
+
+    def close(self) -> None:
+        self.client.close()
+        self.proxy.close()
+
+
+def held_fence_guard(endpoints: list[str]) -> HeldFenceGuard:
+    """FenceGuard with a delay(): passes the late-landing scenario too."""
+    return HeldFenceGuard(endpoints)
+
+
+def epochless_fence_guard(endpoints: list[str]) -> HeldFenceGuard:
+    """The control: token checks only, so a held write of the term lands late."""
+    return HeldFenceGuard(endpoints, epochs=False)

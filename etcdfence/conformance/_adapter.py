@@ -36,6 +36,13 @@ class Adapter:
       restart, at least the adapter's connection to it — so the kit can check that
       the fencing mark survives. Without it the restart scenario is skipped.
     - ``close()`` (optional) is called once the kit is done with the adapter.
+    - ``delay(token, key, value)`` (optional) starts a write whose bytes your
+      transport holds back (a fault proxy, a paused connection) and returns once the
+      writer gave up on it as your client does when no reply comes (say after
+      :class:`~etcdfence.OutcomeUnknownError`); it returns a callable that delivers
+      the held bytes and returns once the resource has handled them. The
+      late-landing scenario then checks that the attempt, arriving after later
+      acknowledged writes of the same term, changes nothing (within-term ordering).
 
     The callables may also be ``async def`` functions; the kit then runs them on one
     event loop of its own (in a background thread), one call at a time.
@@ -49,6 +56,7 @@ class Adapter:
     read: Callable[[str], Any]
     restart: Callable[[], Any] | None = None
     close: Callable[[], Any] | None = None
+    delay: Callable[..., Any] | None = None
     rejections: tuple[type[BaseException], ...] = DEFAULT_REJECTIONS
     name: str = ""
     _loop: _LoopThread | None = field(default=None, repr=False, compare=False)
@@ -56,7 +64,7 @@ class Adapter:
     def __post_init__(self) -> None:
         if not callable(self.write) or not callable(self.read):
             raise InvalidArgumentError("an Adapter needs callable write and read")
-        for name in ("restart", "close"):
+        for name in ("restart", "close", "delay"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise InvalidArgumentError(f"Adapter.{name} must be callable or None")
@@ -64,7 +72,10 @@ class Adapter:
 
     def call(self, name: str, *args: Any) -> Any:
         """Call the adapter's ``name`` callable; awaitables run on the kit's loop."""
-        result = getattr(self, name)(*args)
+        return self.resolve(getattr(self, name)(*args))
+
+    def resolve(self, result: Any) -> Any:
+        """``result``, or what it resolves to when it is an awaitable."""
         if not inspect.isawaitable(result):
             return result
         if self._loop is None:
@@ -135,7 +146,7 @@ def as_adapter(obj: Any) -> Adapter:
     if isinstance(obj, Adapter):
         return obj
     if isinstance(obj, Mapping):
-        known = {"write", "read", "restart", "close", "rejections", "name"}
+        known = {"write", "read", "restart", "close", "delay", "rejections", "name"}
         unknown = set(obj) - known
         if unknown:
             raise InvalidArgumentError(f"unknown adapter fields: {sorted(unknown)}")
@@ -146,6 +157,7 @@ def as_adapter(obj: Any) -> Adapter:
             read=obj.read,
             restart=getattr(obj, "restart", None),
             close=getattr(obj, "close", None),
+            delay=getattr(obj, "delay", None),
             rejections=getattr(obj, "rejections", DEFAULT_REJECTIONS),
             name=getattr(obj, "name", "") or type(obj).__name__,
         )

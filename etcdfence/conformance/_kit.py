@@ -36,6 +36,8 @@ HINTS = {
     "ack-lost": "an acknowledged write is not what the resource holds",
     "late-write": "an earlier write of a writer landed after its later acknowledged write",
 }
+#: How the detail of an outcome the kit made unknown on purpose starts.
+KIT_UNKNOWN = "kit: "
 #: Lines of history shown at most per scenario.
 HISTORY_LINES = 150
 
@@ -74,7 +76,7 @@ class Scenario:
     """One conformance scenario: ``run(run)`` drives it and returns what happened (the
     explanation when it passes). ``observed``: the kit reads the resource after each
     write and gives the history checker those reads as ground truth; ``needs``: an
-    adapter capability the scenario cannot do without (``"restart"``)."""
+    adapter capability the scenario cannot do without (``"restart"``, ``"delay"``)."""
 
     name: str
     title: str
@@ -194,7 +196,7 @@ class Run:
         outcome, detail = self.kit.adapter.attempt(token, key, pending.value)
         revision = self.observe(key, pending.write_id) if self.observed else None
         if lost_reply:
-            recorder.unknown(pending, f"the kit dropped the reply ({outcome})")
+            recorder.unknown(pending, f"{KIT_UNKNOWN}the kit dropped the reply ({outcome})")
         elif outcome == "accepted":
             recorder.accepted(pending, revision)  # type: ignore[arg-type]
         elif outcome == "rejected":
@@ -257,8 +259,9 @@ class Run:
 def run_scenario(kit: Kit, scenario: Scenario) -> ScenarioResult:
     """Run one scenario against the kit's adapter and judge it."""
     started = time.monotonic()
-    if scenario.needs == "restart" and kit.adapter.restart is None:
-        return ScenarioResult(scenario.name, scenario.title, "skip", "the adapter has no restart()")
+    if scenario.needs is not None and getattr(kit.adapter, scenario.needs) is None:
+        why = f"the adapter has no {scenario.needs}()"
+        return ScenarioResult(scenario.name, scenario.title, "skip", why)
     run = Run(kit, scenario)
     summary = ""
     try:
@@ -315,5 +318,5 @@ def _unknown_outcomes(events: list[Any]) -> list[Finding]:
             "(declare it in Adapter(rejections=...) if it is one)",
         )
         for e in events
-        if e.kind == "unknown" and not (e.detail or "").startswith("the kit dropped")
+        if e.kind == "unknown" and not (e.detail or "").startswith(KIT_UNKNOWN)
     ]

@@ -4,9 +4,9 @@ right, told with real etcd terms (locks) and the user's real resource."""
 from __future__ import annotations
 
 from ..errors import InvalidTokenError
-from ..testing.history import Event, Recorder, write_value
+from ..testing.history import Event, Recorder, parse_write_value, write_value
 from ..token import HEADER, MAX_TOKEN, FencingToken, parse_token
-from ._kit import Holder, Run, Scenario
+from ._kit import KIT_UNKNOWN, Holder, Run, Scenario
 
 __all__ = ["SCENARIOS"]
 
@@ -117,6 +117,34 @@ def retried_write(run: Run) -> str:
     run.expect(stored, "retry-lost", f"after the retry {key} does not hold the written value")
     must_accept(run, holder, key)
     return f"the retried write with token {holder.token} was {outcome}; the value is stored"
+
+
+def late_landing(run: Run) -> str:
+    """Within one term: a write whose reply never came (the adapter holds its bytes)
+    reaches the resource after two later acknowledged writes of the same writer. It
+    must change nothing: equal tokens pass, so only within-term ordering (an epoch,
+    a sequence) stops it from putting old data back."""
+    key = run.key()
+    writer = run.term("writer")
+    must_accept(run, writer, key)
+    stray = writer.recorder.write(run.resource(key), key, writer.token)
+    release = run.kit.adapter.call("delay", writer.token, key, stray.value)
+    writer.recorder.unknown(stray, f"{KIT_UNKNOWN}held in the network by delay(); writer gave up")
+    must_accept(run, writer, key)
+    must_accept(run, writer, key)
+    last = [e.write_id for e in writer.recorder.events if e.kind == "write"][-1]
+    writer.recorder.note("the held write is delivered now")
+    run.kit.adapter.resolve(release())
+    run.observe(key)
+    stored = run.read(key)
+    parsed = None if stored is None else parse_write_value(stored)
+    run.expect(
+        parsed is not None and parsed[0] == last,
+        "late-landing",
+        f"{key} holds {stored!r} after the held write was delivered, not the last "
+        f"acknowledged write {last}",
+    )
+    return f"the held write of token {writer.token} came after two later ones, changing nothing"
 
 
 def interleaved_terms(run: Run) -> str:
@@ -318,6 +346,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("lower-after-higher", "a lower token after a higher one", lower_after_higher),
     Scenario("equal-tokens", "one term writes many times (must be accepted)", equal_tokens),
     Scenario("retried-write", "a write retried after its reply was lost", retried_write),
+    Scenario("late-landing", "a lost write lands after later ones of its term", late_landing,
+             needs="delay"),
     Scenario("interleaved-terms", "old holders keep writing between new terms",
              interleaved_terms),
     Scenario("concurrent-writers", "writers of several terms at once", concurrent_writers,
