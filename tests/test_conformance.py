@@ -255,6 +255,18 @@ def test_async_adapter_and_factory_with_threads(etcd_endpoints: list[str]) -> No
     assert len(made) == 4  # the kit's own + one per writer thread
 
 
+@pytest.fixture
+def dict_adapter() -> Adapter:
+    store = _DictStore()
+    return Adapter(store.write, store.read, name="dict")
+
+
+# the pytest helper with a fixture of ours, on a few scenarios
+test_dict_store = pytest.mark.integration(
+    pytest_scenarios(fixture="dict_adapter", names=["lower-after-higher", "restart-between-terms"])
+)
+
+
 @pytest.mark.conformance
 @pytest.mark.integration
 def test_restart_scenario_skipped_without_restart(etcd_endpoints: list[str]) -> None:
@@ -325,6 +337,12 @@ def test_registry_and_adapter_validation() -> None:
             load_factory(spec)
     with pytest.raises(InvalidArgumentError):
         run_conformance(as_adapter({"write": print, "read": print}), ["http://x"], only=["x"])
+    with pytest.raises(InvalidArgumentError):
+        run_conformance(as_adapter({"write": print, "read": print}), ["http://x"], ttl=0)
+    with pytest.raises(InvalidArgumentError):
+        pytest_scenarios("x:y", names=["nope"])
+    with pytest.raises(TypeError):
+        pytest_scenarios()
 
 
 def test_toy_store_refuses_what_the_readme_says(tmp_path: Path) -> None:

@@ -110,11 +110,13 @@ def run_conformance(
     — the last runs concurrent writers as real processes. A factory that takes an
     ``endpoints`` keyword gets the etcd endpoints. ``endpoints=None`` starts an
     embedded etcd (:class:`etcdfence.testing.EtcdServer`) for the run. ``only`` /
-    ``skip`` pick scenarios by name; ``ttl`` is the lease TTL of the kit's terms
-    (the zombie scenario waits about that long for etcd to expire one);
+    ``skip`` pick scenarios by name; ``ttl`` is the lease TTL of the zombie's term
+    (the zombie scenario waits about that long for etcd to expire it);
     ``on_result`` is called after each scenario (progress output).
     """
     selected = _select(only, skip)
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= 60:
+        raise InvalidArgumentError(f"ttl must be an int number of seconds in 1..60, got {ttl!r}")
     started = time.monotonic()
     server = None
     if endpoints is None:
@@ -150,7 +152,13 @@ def run_scenario_named(
     return run_conformance(adapter, endpoints, only=[name], **kwargs).results[0]
 
 
-def pytest_scenarios(adapter: Any = None, *, fixture: str | None = None, **kwargs: Any) -> Any:
+def pytest_scenarios(
+    adapter: Any = None,
+    *,
+    fixture: str | None = None,
+    names: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> Any:
     """A pytest test function parametrized with one test per scenario::
 
         from etcdfence.conformance import pytest_scenarios
@@ -158,11 +166,12 @@ def pytest_scenarios(adapter: Any = None, *, fixture: str | None = None, **kwarg
         test_other = pytest_scenarios(fixture="other_adapter")   # a fixture of yours
 
     ``adapter`` is what :func:`run_conformance` takes; ``fixture`` names a fixture
-    returning one instead (built per test). etcd comes from the ``etcd_endpoints``
+    returning one instead (built per test); ``names`` limits the scenarios (default:
+    all). etcd comes from the ``etcd_endpoints``
     fixture of etcdfence's pytest plugin. Each test is marked ``conformance``,
     fails with the scenario's report (history included) and is skipped when the
     scenario cannot run (no ``restart()``). ``kwargs`` go to :func:`run_conformance`.
     """
     from ._pytest import make_test
 
-    return make_test(adapter, fixture, kwargs)
+    return make_test(adapter, fixture, [s.name for s in _select(names, ())], kwargs)

@@ -36,6 +36,8 @@ HINTS = {
     "ack-lost": "an acknowledged write is not what the resource holds",
     "late-write": "an earlier write of a writer landed after its later acknowledged write",
 }
+#: Lease TTL of terms that end by release, not expiry (seconds).
+HOLD_TTL = 20
 #: How the detail of an outcome the kit made unknown on purpose starts.
 KIT_UNKNOWN = "kit: "
 #: Lines of history shown at most per scenario.
@@ -151,10 +153,12 @@ class Run:
         """The history's resource name for ``key``."""
         return key[len(self.kit.layout.data_prefix) :]
 
-    def term(self, name: str, *, timeout: float | None = None) -> Holder:
+    def term(self, name: str, *, short: bool = False, timeout: float | None = None) -> Holder:
         """Start a term: a new session acquires the scenario's lock (waiting up to
-        ``timeout`` for the previous holder to release or expire)."""
-        session = self.kit.client.session(self.kit.ttl)
+        ``timeout`` for the previous holder to release or expire). ``short``: a lease
+        of the kit's TTL (a holder that will pause); otherwise one of HOLD_TTL, which
+        a loaded machine cannot lose by accident (terms end by release)."""
+        session = self.kit.client.session(self.kit.ttl if short else HOLD_TTL)
         session.open()
         recorder = Recorder(name, deadline=lambda: float(session.deadline))
         self._recorders.append(recorder)
@@ -241,6 +245,11 @@ class Run:
         parsed = None if value is None else parse_write_value(value)
         return None if parsed is None else parsed[1]
 
+    @property
+    def final(self) -> dict[str, str]:
+        """What the kit last read from each key that holds a value."""
+        return {key: value for key, value in self._last.items() if value is not None}
+
     def close(self) -> list[Any]:
         """End the writers and terms; return every event recorded."""
         events: list[Any] = []
@@ -282,7 +291,7 @@ def _verdict(
 ) -> ScenarioResult:
     """The history checker over the recorded history, plus the scenario's own findings."""
     layout = run.kit.layout if run.observed else None
-    final = {k: v for k, v in run._last.items() if v is not None} if run.observed else None
+    final = run.final if run.observed else None
     history = History(events, run.changes if run.observed else [], final, layout)
     result = check(history)
     findings = _unknown_outcomes(events) + run.findings

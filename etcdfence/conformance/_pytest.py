@@ -6,16 +6,16 @@ from typing import Any
 
 import pytest
 
-from . import run_scenario_named, scenario_names
+from . import run_scenario_named
 
 
-def make_test(adapter: Any, fixture: str | None, kwargs: dict[str, Any]) -> Any:
+def make_test(adapter: Any, fixture: str | None, names: list[str], kwargs: dict[str, Any]) -> Any:
     """The test function behind :func:`etcdfence.conformance.pytest_scenarios`."""
     if (adapter is None) == (fixture is None):
         raise TypeError("pytest_scenarios needs exactly one of adapter or fixture=")
 
     @pytest.mark.conformance
-    @pytest.mark.parametrize("conformance_scenario", scenario_names())
+    @pytest.mark.parametrize("conformance_scenario", names)
     def test_conformance(
         conformance_scenario: str, etcd_endpoints: list[str], request: pytest.FixtureRequest
     ) -> None:

@@ -60,7 +60,7 @@ def zombie_after_pause(run: Run) -> str:
     """Kleppmann's figure: client 1 (token 33) pauses past its TTL; etcd expires its
     lease; client 2 gets 34 and writes; client 1 wakes and writes with 33."""
     key = run.key()
-    one = run.term("client-1")
+    one = run.term("client-1", short=True)
     must_accept(run, one, key)
     one.pause()
     two = run.term("client-2")  # returns once etcd has expired client 1's lease
