@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -314,9 +315,20 @@ def test_cli_exit_codes_and_json(etcd_endpoints: list[str], toy_db: str) -> None
     assert good.returncode == 0, good.stdout + good.stderr
     assert "FENCED: 1 passed, 0 failed" in good.stdout
     assert "PASS equal-tokens" in good.stderr  # progress
-    for args in (["nosuch_module:f"], ["conformance_adapters:toy", "--only", "nope"]):
+    for args in (
+        ["nosuch_module:f"],
+        ["conformance_adapters:toy", "--only", "nope"],
+        ["conformance_adapters:sql"],  # the factory raises (no CONFORMANCE_SQL)
+    ):
         usage = _cli(*args, endpoints=etcd_endpoints)
         assert usage.returncode == 2 and "Traceback" not in usage.stderr, usage.stderr
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # a port nobody listens on
+    nobody = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    unreachable = _cli("conformance_adapters:toy", endpoints=[nobody])
+    closed.close()
+    assert unreachable.returncode == 2 and "Traceback" not in unreachable.stderr
+    assert "etcdfence.conformance:" in unreachable.stderr
 
 
 # ----------------------------------------------------------------------------- units

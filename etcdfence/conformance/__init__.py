@@ -82,15 +82,25 @@ def _resolve(
     """(adapter, spec, factory) from what the caller gave."""
     if isinstance(adapter, str):
         factory = load_factory(adapter)
-        return build(factory, endpoints), adapter, factory
+        return _built(factory, endpoints), adapter, factory
     is_instance = isinstance(adapter, (Adapter, Mapping)) or (
         not isinstance(adapter, type) and hasattr(adapter, "write") and hasattr(adapter, "read")
     )
     if is_instance:
         return as_adapter(adapter), None, None
     if callable(adapter):
-        return build(adapter, endpoints), None, adapter
+        return _built(adapter, endpoints), None, adapter
     raise InvalidArgumentError(f"not an adapter or factory: {adapter!r}")
+
+
+def _built(factory: Callable[..., Any], endpoints: list[str]) -> Adapter:
+    """``build``, with a factory's own failure reported as the kit's error."""
+    try:
+        return build(factory, endpoints)
+    except InvalidArgumentError:
+        raise
+    except Exception as err:  # the user's factory: its error, said plainly
+        raise KitError(f"the adapter factory failed: {type(err).__name__}: {err}") from err
 
 
 def run_conformance(
@@ -126,6 +136,7 @@ def run_conformance(
         endpoints = server.endpoints
     try:
         with Client(list(endpoints), timeout=timeout) as client:
+            client.revision()  # etcd answers, or EtcdUnavailableError now, not per scenario
             resolved, spec, factory = _resolve(adapter, list(endpoints))
             name = spec or resolved.name or getattr(factory, "__name__", "") or "adapter"
             kit = Kit(resolved, client, list(endpoints), spec=spec, factory=factory, ttl=ttl,

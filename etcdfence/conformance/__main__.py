@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-w", "--write-out", choices=["text", "json"], default="text")
     parser.add_argument("--only", action="append", metavar="SCENARIO", help="run only these")
     parser.add_argument("--skip", action="append", default=[], metavar="SCENARIO")
-    parser.add_argument("--ttl", type=int, default=2, help="lease TTL of the kit's terms")
+    parser.add_argument("--ttl", type=int, default=2, help="lease TTL of the zombie's term (s)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show the library's warnings too"

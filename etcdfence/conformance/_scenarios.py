@@ -100,8 +100,15 @@ def equal_tokens(run: Run) -> str:
 
 
 def retried_write(run: Run) -> str:
-    """A write whose reply was lost (the kit drops it) is sent again with the same token
-    and value: the retry is accepted, or refused as a duplicate with the value stored."""
+    """A write whose reply was lost is sent again with the same token and value: the
+    retry is accepted, or refused as a duplicate with the value stored.
+
+    The kit cannot lose a reply inside your transport, so it ignores the first one
+    (records the outcome as unknown): to the resource, the first attempt applied and
+    the retry is a duplicate of the current term. A resource that wants strictly
+    greater tokens refuses it, and the writer cannot tell "stale" from "done". The
+    other order — the lost attempt landing *after* later writes — is the late-landing
+    scenario (needs ``delay()``)."""
     key = run.key()
     holder = run.term("holder")
     pending = holder.recorder.write(run.resource(key), key, holder.token)
