@@ -10,6 +10,8 @@ from typing import Any, Literal
 __all__ = ["Finding", "Report", "ScenarioResult"]
 
 Status = Literal["pass", "fail", "skip"]
+#: Findings listed per failed scenario in the text form (JSON has them all).
+FINDINGS_SHOWN = 8
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class ScenarioResult:
     def render(self) -> str:
         """The verdict, every finding and the history, as indented text."""
         lines = [f"{self.status.upper()} {self.name}: {self.explanation}"]
-        lines += [f"  - {finding}" for finding in self.findings]
+        lines += [f"  - {finding}" for finding in self.findings[:FINDINGS_SHOWN]]
+        if len(self.findings) > FINDINGS_SHOWN:
+            lines.append(f"  ... and {len(self.findings) - FINDINGS_SHOWN} more findings")
         if self.checker:
             lines.append(f"  history checker: {self.checker}")
         if self.history:
