@@ -383,11 +383,14 @@ def test_readme_example_store_is_fenced(etcd_endpoints: list[str], tmp_path: Pat
     section = readme[readme.index("## Is my resource fenced?") :]
     code = section[section.index("```python\n") + 10 : section.index("\n```\n")]
     (tmp_path / "mystore.py").write_text(code + "\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "etcdfence.conformance", "mystore:make_adapter",
-         "--endpoints", ",".join(etcd_endpoints)],
-        capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=100,
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "etcdfence.conformance", "mystore:make_adapter",
+             "--endpoints", ",".join(etcd_endpoints)],
+            capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=100,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as err:  # the progress lines say where it stuck
+        pytest.fail(f"the kit took over 100 s; stdout: {err.stdout!r}; stderr: {err.stderr!r}")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FENCED: 10 passed, 0 failed, 2 skipped" in done.stdout
     # progress only: the zombie's lease loss is expected and not reported as a warning

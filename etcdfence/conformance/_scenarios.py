@@ -26,7 +26,7 @@ def must_accept(run: Run, who: Holder | Recorder, key: str, token: object = None
         outcome == "accepted",
         "current-refused",
         f"{_name(who)}'s write with token {value} was {outcome}, but no higher token had "
-        "written (a mark left by an earlier run? use a fresh store)",
+        "written, so it must be accepted (a mark left by an earlier run? use a fresh store)",
     )
 
 
