@@ -5,12 +5,13 @@ This kit checks that yours does: give it an :class:`Adapter` — ``write(token, 
 value)``, ``read(key)``, optionally ``restart()`` — and it runs, against real etcd
 (tokens come from real locks; real lease expiry) and your real resource, the
 scenarios in :data:`scenarios`: a zombie after a pause (Kleppmann's 33/34), a lower
-token after a higher one, equal tokens of one term, concurrent writers of several
-terms (in processes), interleaved terms, a retried write whose reply was lost, no or
+token after a higher one, equal tokens of one term, a retried write whose reply was
+lost, a lost write of the current term landing after later ones (with ``delay()``),
+interleaved terms, concurrent writers of several terms (in processes), no or
 malformed tokens, tokens passed through ``ETCDFENCE_TOKEN`` and the ``Fencing-Token``
-header, a restart of the resource between terms, and tokens beyond 2**53. Each
-result says pass/fail with the offending history (the history checker of
-:mod:`etcdfence.testing.history`, plus the kit's own checks)::
+header, a restart of the resource between terms (with ``restart()``), and tokens
+beyond 2**53. Each result says pass/fail with the offending history (the history
+checker of :mod:`etcdfence.testing.history`, plus the kit's own checks)::
 
     from etcdfence.conformance import Adapter, run_conformance
     report = run_conformance(Adapter(write=store.put, read=store.get), endpoints=[...])

@@ -6,13 +6,14 @@ and writes on command, printing history events as JSON lines.
 The kit starts it (see :mod:`etcdfence.conformance._writers`); it is not meant to be run
 by hand. stdin carries one JSON command per line::
 
-    {"id": 1, "contender": "p1", "key": "...", "token": 1234, "count": 20}
+    {"id": 1, "contender": "p1", "key": "...", "resource": "...", "token": 1234, "count": 20}
 
 ``"token": null`` means: take the token from the environment
 (:meth:`etcdfence.FencingToken.from_env`, i.e. ``ETCDFENCE_TOKEN``), as a command run
 under ``etcdfence lock``/``run`` does. Every write is one ``write`` event and its
 outcome; each command ends with the note ``done <id>``. The first line is the note
-``ready`` (the adapter is built). EOF on stdin closes the adapter and exits 0.
+``ready`` (the adapter is built; a factory taking ``endpoints=`` gets
+``ETCDFENCE_ENDPOINTS``). EOF on stdin closes the adapter and exits 0.
 """
 
 from __future__ import annotations
