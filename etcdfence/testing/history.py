@@ -94,6 +94,7 @@ __all__ = [
     "Violation",
     "build_terms",
     "check",
+    "describe_events",
     "jsonl_sink",
     "leader_changes",
     "parse_events",
@@ -730,6 +731,15 @@ def leader_changes(
         if not out or state != out[-1][1]:
             out.append((change.revision, state))
     return out
+
+
+def describe_events(events: Iterable[Event]) -> list[str]:
+    """Every event as one line, in time order, a write and its outcome on one line and
+    runs of similar writes folded: a whole small history in the form of a report's slice.
+    Use it to show what happened when no violation points at a slice (the conformance
+    kit's own findings)."""
+    ordered = sorted(events, key=lambda e: e.t)
+    return _event_lines(ordered, set(range(len(ordered))), set())
 
 
 def check(history: History, *, context: float = 0.5) -> CheckResult:
