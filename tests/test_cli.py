@@ -159,7 +159,11 @@ def test_console_script_and_module_agree() -> None:
         ["lock", "x", "--ttl", "0"],
         ["lock", "x", "--timeout-acquire", "soon"],
         ["run", "x", "--", "true"],  # no --id
-        ["run", "x", "--id", "a"],  # no command
+        ["run", "x", "--id", "a", "sleep", "1"],  # a command without '--'
+        ["lock", "x", "ls", "-l"],  # a command without '--'
+        ["run", "x", "--id", "a", "--health", "nohost"],  # no port
+        ["status"],  # neither NAME nor --prefix
+        ["leader", "x", "-w", "yaml"],
         ["fence", "put", "r", "k", "v", "--token", "abc"],
         ["fence", "put", "r", "k", "v", "--token", "0"],
         ["fence"],

@@ -85,6 +85,9 @@ __all__ = [
 COMMANDS = (lock, run, leader, observe, status, fence, etcd, demo)
 #: Commands whose arguments after ``--`` are the command to run.
 _COMMANDS_TAKING_CMD = ("lock", "run")
+#: One-request commands: their failure is their one error line, so the library's
+#: warning about the same failure (``fence_rejected``) shows only with ``-v``.
+_ONE_SHOT_COMMANDS = ("leader", "status", "fence", "etcd", "demo")
 
 DESCRIPTION = """\
 Leader election and locks on etcd with resource-side fencing tokens.
@@ -185,7 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    _configure_logging(args.verbose or 0, getattr(args, "log_format", "console"))
+    verbosity = args.verbose or 0
+    if verbosity == 0 and args.command_name in _ONE_SHOT_COMMANDS:
+        verbosity = -1  # errors only; -v: warnings and info; -vv: debug
+    _configure_logging(verbosity, getattr(args, "log_format", "console"))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

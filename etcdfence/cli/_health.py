@@ -3,11 +3,11 @@
 The endpoints are what a Kubernetes probe or a load balancer asks (stdlib
 ``http.server`` in a thread; no dependency):
 
-* ``/healthz`` — 200 while the supervisor works: its session is live and etcd
-  acknowledged a keepalive within one keepalive interval plus the safety margin (or,
-  between two sessions, it has been without one for less than a TTL). 503 otherwise,
-  with a JSON ``reason``. A liveness probe restarts a supervisor that is wedged or
-  cut off from etcd for good.
+* ``/healthz`` — 200 while the supervisor works: etcd acknowledged a keepalive of its
+  session within one keepalive interval (TTL/3) plus the safety margin — plus the
+  elector's retry interval between two sessions (a term ended, the next session is
+  being granted). 503 otherwise, with a JSON ``reason``. A liveness probe restarts a
+  supervisor that is wedged or cut off from etcd.
 * ``/readyz`` — 200 only while this process leads (its term is running and the session
   is live), 503 otherwise: route traffic to the leader only. It turns 503 the moment a
   loss is known — before the command is stopped, not after.
@@ -31,6 +31,9 @@ from typing import Any
 
 from ..token import FencingToken
 from ._exits import EXIT_USAGE, CommandError
+
+#: Seconds the elector waits before campaigning again (LeaderElector's retry_interval).
+RETRY_INTERVAL = 1.0
 
 #: (HTTP status, content type, body) of one answer.
 Answer = tuple[int, str, bytes]
@@ -149,8 +152,7 @@ class RunProbe:
         self.token: FencingToken | None = None
         self.elected_at = 0.0  # time.time() of the current term's start
         self.terms = 0
-        self._dead_session: Any = None
-        self._dead_since = time.monotonic()  # no session yet
+        self._started = time.monotonic()
 
     def elected(self, token: FencingToken, stop: threading.Event) -> None:
         """A term began (``stop`` is set when it ends)."""
@@ -166,32 +168,27 @@ class RunProbe:
 
     def _live_session(self) -> Any:
         session = self.session_of()
-        if session is None or session.expired:
-            if session is not self._dead_session:  # first seen without a live session
-                self._dead_session = session
-                self._dead_since = time.monotonic() if session is not None else self._dead_since
-            return None
-        return session
+        return None if session is None or session.expired else session
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, details): see the module docstring."""
         now = time.monotonic()
-        session = self._live_session()
-        if session is None:
-            without = now - self._dead_since
-            record = {"election": self.name, "session": None, "without_session_seconds": without}
-            if without <= self.ttl:
-                return True, {**record, "status": "ok", "detail": "between sessions"}
-            reason = f"no live session for {without:.1f}s: etcd unreachable or refusing the lease"
-            return False, {**record, "status": "unhealthy", "reason": reason}
+        session = self.session_of()
+        record: dict[str, Any] = {"election": self.name, "session": None}
+        if session is None:  # before the first session: etcd answered at start-up
+            if now - self._started <= self.ttl:
+                return True, {**record, "status": "ok", "detail": "starting"}
+            return False, {**record, "status": "unhealthy", "reason": "no session granted yet"}
+        # the send time of the last keepalive etcd acknowledged (the grant at first)
         age = now - (session.deadline - session.ttl + session.margin)
         limit = session.ttl / 3 + session.margin
-        record = {
-            "election": self.name,
-            "session": f"{session.lease_id:x}",
-            "keepalive_age_seconds": round(age, 3),
-            "limit_seconds": round(limit, 3),
-        }
+        if session.expired:  # a term ended; the next session is on its way
+            limit += RETRY_INTERVAL
+            record["detail"] = "between sessions"
+        else:
+            record["session"] = f"{session.lease_id:x}"
+        record["keepalive_age_seconds"] = round(age, 3)
+        record["limit_seconds"] = round(limit, 3)
         if age <= limit:
             return True, {**record, "status": "ok"}
         reason = f"etcd acknowledged no keepalive for {age:.1f}s (limit {limit:.1f}s)"

@@ -163,8 +163,9 @@ def add_connection_options(parser: argparse.ArgumentParser, *, top: bool) -> Non
         "--verbose",
         action="count",
         default=0 if top else argparse.SUPPRESS,
-        help="log more on stderr: warnings (a lost lease, its reason) always; "
-        "-v adds info, -vv debug",
+        help="log more on stderr: lock, run and observe show the library's warnings "
+        "(a lost lease and its reason) always, -v adds info, -vv debug; "
+        "one-request commands show warnings and info with -v",
     )
     group.add_argument(
         "--log-format",

@@ -81,9 +81,11 @@ def signame(signum: int) -> str:
 
 def configure_logging(verbosity: int, log_format: str = "console") -> None:
     """Route the library's structlog events to stderr (the library never does this):
-    warnings (a lost lease and its reason) always, ``-v`` adds info, ``-vv`` debug."""
+    warnings (a lost lease and its reason) from ``verbosity`` 0, info from 1, debug
+    from 2; below 0 errors only."""
     _log_format[0] = log_format
-    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    levels = {0: logging.WARNING, 1: logging.INFO}
+    level = logging.ERROR if verbosity < 0 else levels.get(verbosity, logging.DEBUG)
 
     def render(logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
         message = str(event.pop("event", ""))
