@@ -109,13 +109,19 @@ class Notifier:
         if interval is None or self._thread is not None:
             return
 
+        def ping() -> None:
+            try:
+                ok = healthy()
+            except Exception:  # a broken check is not a healthy service
+                ok = False
+            if ok and self.send("WATCHDOG=1"):
+                self.pings += 1
+
         def loop() -> None:
             while not self._stop.wait(interval):
-                if healthy() and self.send("WATCHDOG=1"):
-                    self.pings += 1
+                ping()
 
-        if healthy() and self.send("WATCHDOG=1"):
-            self.pings += 1
+        ping()
         self._thread = threading.Thread(target=loop, name="etcdfence-watchdog", daemon=True)
         self._thread.start()
 

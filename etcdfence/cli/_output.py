@@ -15,6 +15,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Iterable, MutableMapping, Sequence
 from typing import Any
 
@@ -26,6 +27,24 @@ LOG_FORMATS = ("console", "json")
 WRITE_FORMATS = ("json", "table")
 
 _log_format = ["console"]
+#: One line, one write, under one lock: the command's lines and the library's events
+#: come from several threads and must not interleave mid-line.
+_write_lock = threading.Lock()
+
+
+def _write_line(line: str) -> None:
+    with _write_lock:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+class _StderrLogger:
+    """structlog's logger for the CLI: every rendered event is one :func:`_write_line`."""
+
+    def msg(self, message: str) -> None:
+        _write_line(message)
+
+    debug = info = warning = warn = error = err = critical = exception = fatal = msg
 
 
 def _json_line(level: str, event: str, fields: dict[str, Any]) -> str:
@@ -47,7 +66,7 @@ def _stderr(level: str, message: str, fields: dict[str, Any]) -> None:
         prefix = "" if level == "info" else f"{level}: "
         extra = "".join(f" {k}={v}" for k, v in fields.items())
         line = f"etcdfence: {prefix}{message}{extra}"
-    print(line, file=sys.stderr, flush=True)
+    _write_line(line)
 
 
 def say(message: str) -> None:
@@ -106,7 +125,7 @@ def configure_logging(verbosity: int, log_format: str = "console") -> None:
             as_json if log_format == "json" else render,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *args: _StderrLogger(),
         cache_logger_on_first_use=False,
     )
 

@@ -34,7 +34,7 @@ from .._txn import range_request
 from .._wire import messages as m
 from ..types import KeyValue
 from . import _options as opt
-from ._exits import EXIT_OK, CommandError
+from ._exits import EXIT_OK, EXIT_USAGE, CommandError
 from ._output import add_write_out, show
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -81,7 +81,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """``etcdfence status NAME | --prefix P [-w json|table]``."""
     if (args.name is None) == (args.prefix is None):
-        raise CommandError("give either NAME or --prefix PREFIX", 2)
+        raise CommandError("give either NAME or --prefix PREFIX", EXIT_USAGE)
     with opt.make_client(args) as client:
         prefix = args.prefix if args.prefix is not None else args.name + "/"
         revision, kvs = _read(client, prefix)
