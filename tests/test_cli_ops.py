@@ -8,6 +8,7 @@ the lease revoked by another client, the network to etcd blackholed by a FaultPr
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 import shutil
@@ -327,6 +328,7 @@ def test_probes_and_metrics_and_readyz_flips_within_the_margin_on_leader_loss(
     )  # fmt: skip
     url = health_url(a_err)
     a_err.wait_for(lambda line: "elected leader" in line, 20)
+    wait_until(lambda: get(url + "/readyz")[0] == 200, 5, "/readyz 200 once leading")
     status, body = get(url + "/readyz")
     assert status == 200, body
     ready = json.loads(body)
@@ -340,6 +342,14 @@ def test_probes_and_metrics_and_readyz_flips_within_the_margin_on_leader_loss(
     assert f'etcdfence_supervisor_token{{election="{name}"}} {ready["token"]}' in metrics
     assert f'etcdfence_is_leader{{election="{name}"}} 1.0' in metrics  # the library's
     assert get(url + "/nope")[0] == 404
+    # a client that connects and says nothing holds no probe up; probes answer in parallel
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port))):
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(get, [url + "/healthz", url + "/metrics"] * 16))
+        assert time.monotonic() - started < 5.0
+    assert all(status == 200 for status, _ in answers)
 
     # b queues as a standby holding no command (etcdctl elect style), JSON out
     b, b_out, b_err = run_cli(
@@ -355,6 +365,7 @@ def test_probes_and_metrics_and_readyz_flips_within_the_margin_on_leader_loss(
         time.sleep(0.01)
     flipped = time.monotonic() - cut
     assert flipped < margin, flipped
+    print(f"/readyz flipped {flipped * 1000:.1f} ms after the leader key was deleted")
     record = json.loads(b_out.line(20))
     assert record["identity"] == "b" and record["token"] > ready["token"]
     status, body = get(url + "/readyz")

@@ -275,13 +275,12 @@ class _Supervisor:
         signal the supervisor did not send) logged at warning with its status."""
         if status == 0:
             say("command exited with status 0; resigning")
-        elif returncode is not None and returncode < 0 and not self.shutdown.is_set():
-            how = f"killed by {signame(-returncode)}"
+        elif self.shutdown.is_set():  # e.g. systemd signalled the whole cgroup as we stop
+            say(f"command ended with status {status} while shutting down; resigning")
+        elif returncode is not None and returncode < 0:
+            sig = signame(-returncode)
             warn(
-                f"command crashed ({how}); resigning",
-                pid=pid,
-                status=status,
-                signal=signame(-returncode),
+                f"command crashed (killed by {sig}); resigning", pid=pid, status=status, signal=sig
             )
         else:
             warn(f"command crashed (exit status {status}); resigning", pid=pid, status=status)
