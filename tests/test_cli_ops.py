@@ -429,8 +429,9 @@ def test_status_shows_leader_since_revision_and_queue_with_lease_ttls(
     name, lock_name = f"{etcd_namespace}/svc", f"{etcd_namespace}/jobs"
     a, a_out, _ = run_cli(procs, "run", name, "--id", "a", "--ttl", "30", env=env)
     key, token = a_out.line(20).split()
-    for node, ttl in (("b", "20"), ("c", "10")):
+    for count, (node, ttl) in enumerate((("b", "20"), ("c", "10")), start=2):
         run_cli(procs, "run", name, "--id", node, "--ttl", ttl, env=env)
+        wait_until(lambda n=count: len(etcd_client.get_prefix(name + "/")) == n, 20, "queued")
     run_cli(procs, "lock", lock_name, "--ttl", "15", env=env)
     etcd_client.put(f"{etcd_namespace}/not-a-contender", b"data")  # skipped by --prefix
     wait_until(lambda: len(etcd_client.get_prefix(name + "/")) == 3, 20, "b and c queued")
