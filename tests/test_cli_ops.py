@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import re
 import shutil
 import signal
@@ -213,6 +214,39 @@ def test_notifier_sends_to_a_real_socket_and_pings_only_while_healthy(tmp_path: 
         assert [m for _, m in listener.messages] == ["STOPPING=1"]
         listener.close()
     assert child_env({"NOTIFY_SOCKET": "x", "WATCHDOG_USEC": "1", "PATH": "p"}) == {"PATH": "p"}
+
+
+def test_notifier_environment_edge_cases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from etcdfence.cli._notify import MIN_PING_INTERVAL, Notifier
+
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens"))
+    for usec, pid, interval in (
+        ("30000000", None, 15.0),
+        ("1", None, MIN_PING_INTERVAL),  # no busy loop
+        ("30000000", "1", None),  # the watchdog is meant for another process
+        ("30000000", str(os.getpid()), 15.0),
+        ("0", None, None),
+        ("soon", None, None),  # ignored, with a warning
+    ):
+        monkeypatch.setenv("WATCHDOG_USEC", usec)
+        if pid is None:
+            monkeypatch.delenv("WATCHDOG_PID", raising=False)
+        else:
+            monkeypatch.setenv("WATCHDOG_PID", pid)
+        assert Notifier.from_env().watchdog_interval == interval, usec
+    assert "WATCHDOG_USEC='soon'" in capsys.readouterr().err
+    notifier = Notifier.from_env()
+    assert not notifier.send("READY=1") and not notifier.send("READY=1")
+    notifier.close()
+    err = capsys.readouterr().err
+    assert err.count("cannot notify systemd") == 1, err  # warned once, not per ping
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    quiet = Notifier.from_env()
+    assert quiet.watchdog_interval is None and not quiet.send("READY=1")
+    quiet.close()
+    assert capsys.readouterr().err == ""
 
 
 # -------------------------------------------------------------------------- deploy files
@@ -429,9 +463,14 @@ def test_status_shows_leader_since_revision_and_queue_with_lease_ttls(
     name, lock_name = f"{etcd_namespace}/svc", f"{etcd_namespace}/jobs"
     a, a_out, _ = run_cli(procs, "run", name, "--id", "a", "--ttl", "30", env=env)
     key, token = a_out.line(20).split()
-    for count, (node, ttl) in enumerate((("b", "20"), ("c", "10")), start=2):
+
+    def queued() -> int:
+        return len(etcd_client.get_prefix(name + "/"))
+
+    for node, ttl in (("b", "20"), ("c", "10")):
+        before = queued()
         run_cli(procs, "run", name, "--id", node, "--ttl", ttl, env=env)
-        wait_until(lambda n=count: len(etcd_client.get_prefix(name + "/")) == n, 20, "queued")
+        wait_until(lambda: queued() == before + 1, 20, f"{node} queued")  # noqa: B023
     run_cli(procs, "lock", lock_name, "--ttl", "15", env=env)
     etcd_client.put(f"{etcd_namespace}/not-a-contender", b"data")  # skipped by --prefix
     wait_until(lambda: len(etcd_client.get_prefix(name + "/")) == 3, 20, "b and c queued")
@@ -481,6 +520,10 @@ def test_write_out_json_and_table_on_the_printing_commands(
     leader = etcdfence("leader", name, "-w", "table", env=env)
     assert leader.returncode == 0 and "| CREATE REVISION |" in leader.stdout
     assert json.loads(etcdfence("leader", name, env=env).stdout)["key"] == held["key"]
+    _o, observed, _ = run_cli(procs, "observe", name, "-w", "table", env=env)
+    observed.wait_for(lambda line: line.startswith("| NAME "), 20)
+    row = observed.wait_for(lambda line: held["key"] in line, 5)
+    assert row.startswith(f"| {name} ")
     shown = etcdfence("fence", "show", "r", "-w", "table", env=env)
     assert shown.returncode == 0 and "| RESOURCE |" in shown.stdout and "| 0 " in shown.stdout
 

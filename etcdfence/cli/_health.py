@@ -66,7 +66,7 @@ class HealthServer:
         host, port = address
         try:
             family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        except (OSError, UnicodeError) as exc:
+        except (OSError, UnicodeError, ValueError) as exc:  # ValueError: e.g. a NUL
             raise CommandError(
                 f"--health {host}:{port}: cannot resolve: {exc}", EXIT_USAGE
             ) from None

@@ -28,6 +28,8 @@ from ._output import warn
 
 #: What systemd sets for the main process; the supervised command must not inherit it.
 NOTIFY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+#: The shortest time between two pings, whatever ``$WATCHDOG_USEC`` says (no busy loop).
+MIN_PING_INTERVAL = 0.01
 
 
 def _address(raw: str) -> str | bytes:
@@ -51,7 +53,7 @@ def _watchdog_interval(environ: dict[str, str] | os._Environ[str]) -> float | No
     except ValueError:
         warn(f"ignoring $WATCHDOG_USEC={raw!r}: not a whole number of microseconds")
         return None
-    return usec / 2e6 if usec > 0 else None
+    return max(usec / 2e6, MIN_PING_INTERVAL) if usec > 0 else None
 
 
 class Notifier:
@@ -69,6 +71,7 @@ class Notifier:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready = False
+        self._warned = False
         self.pings = 0
         if address:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -87,7 +90,10 @@ class Notifier:
             return False
         try:
             self._sock.sendto("\n".join(assignments).encode(), _address(self.address))
-        except OSError:
+        except OSError as exc:
+            if not self._warned:  # once: a wrong $NOTIFY_SOCKET must not flood the log
+                self._warned = True
+                warn(f"cannot notify systemd at $NOTIFY_SOCKET={self.address!r}: {exc}")
             return False
         return True
 
