@@ -37,7 +37,18 @@ from . import _options as opt
 from ._exits import EXIT_OK, EXIT_USAGE, CommandError
 from ._output import add_write_out, show
 
-DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
+DESCRIPTION = """\
+Show who leads election NAME (or holds lock NAME) and who waits, from the keys
+NAME/<lease hex> (etcdctl's layout): the leader's value, key and lease, the
+revision it holds since (its key's create revision) and how many revisions passed
+since, then the queue in order; for everyone the lease's remaining and granted TTL.
+With --prefix P: every election and lock whose keys lie under P.
+
+etcd stores no timestamps, so 'how long' in seconds is not shown (held_for_seconds
+is null): the leader itself reports it (run --health: /readyz leading_for_seconds).
+etcd does not store the fencing token either: token_min is the key's create
+revision, which is the token unless the holder had to wait (then it is larger);
+the holder knows the exact one ($ETCDFENCE_TOKEN, /readyz)."""
 
 EXAMPLES = """\
   etcdfence status services/scheduler               # a table
