@@ -166,6 +166,16 @@ def table(rows: Iterable[Sequence[Any]], header: Sequence[str]) -> str:
     return "\n".join([rule, line(header), rule, *(line(r) for r in body), rule])
 
 
+def print_held(write_out: str, token: Any, **fields: Any) -> None:
+    """What ``lock``/``run`` without a command print once they hold: etcdctl's
+    'KEY TOKEN' line (``simple``), or ``fields`` plus key and token as a record."""
+    if write_out == "simple":
+        print(f"{token.key} {token.value}", flush=True)
+        return
+    record = {**fields, "key": token.key, "token": token.value}
+    show([record], write_out, list(record))
+
+
 def show(records: Sequence[dict[str, Any]], write_out: str, columns: Sequence[str]) -> None:
     """Print records: one JSON object per line, or one table with ``columns`` (the
     records' keys, upper-cased as headers)."""

@@ -18,7 +18,7 @@ from ..token import FencingToken
 from . import _options as opt
 from ._exits import EXIT_LOST, EXIT_OK
 from ._notify import Notifier, child_env
-from ._output import add_write_out, error, say, show, signame, warn
+from ._output import add_write_out, error, print_held, say, signame, warn
 from ._process import (
     POLL,
     Child,
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
             session.on_expired(on_expired)
             if not args.command:
-                _print_token(args, token)
+                print_held(args.write_out, token, name=args.name)
                 return _hold(args.name, signals, lost)
             return _run_locked(args, token, signals, lost, session)
         finally:
@@ -120,15 +120,6 @@ def _release(lock: Any, session: Any) -> None:
         say(f"warning: could not release the lock ({exc}); it frees when the lease expires")
     finally:
         session.close()
-
-
-def _print_token(args: argparse.Namespace, token: FencingToken) -> None:
-    """No command: 'KEY TOKEN' (or a record with -w json/table)."""
-    if args.write_out == "simple":
-        print(f"{token.key} {token.value}", flush=True)
-        return
-    record = {"name": args.name, "key": token.key, "token": token.value}
-    show([record], args.write_out, list(record))
 
 
 def _hold(name: str, signals: Signals, lost: threading.Event) -> int:

@@ -25,7 +25,7 @@ from . import _options as opt
 from ._exits import EXIT_LOST, EXIT_OK, CommandError
 from ._health import HealthServer, RunProbe, enable_library_metrics, listen_address
 from ._notify import Notifier, child_env
-from ._output import add_write_out, error, say, show, signame, warn
+from ._output import add_write_out, error, print_held, say, signame, warn
 from ._process import POLL, Child, Signals, add_grace_option, kill_deadline, must_stop
 
 DESCRIPTION = """\
@@ -208,7 +208,7 @@ class _Supervisor:
         self.probe.elected(token, stop)
         leading = f"leading {self.args.name} as {self.args.identity} (token {token.value})"
         if not self.args.command:
-            self._print_token(token)
+            print_held(self.args.write_out, token, name=self.args.name, identity=self.args.identity)
             self.notifier.ready(leading)
             stop.wait()
             return
@@ -235,19 +235,6 @@ class _Supervisor:
             say(f"command stopped (status {status})")
         finally:
             child.close()
-
-    def _print_token(self, token: FencingToken) -> None:
-        """Holding without a command: 'KEY TOKEN' (or a record with -w json/table)."""
-        if self.args.write_out == "simple":
-            print(f"{token.key} {token.value}", flush=True)
-            return
-        record = {
-            "name": self.args.name,
-            "identity": self.args.identity,
-            "key": token.key,
-            "token": token.value,
-        }
-        show([record], self.args.write_out, list(record))
 
     def _supervise(
         self, child: Child, stop: threading.Event, deadline: Callable[[], float] | None
