@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,3 +25,15 @@ def clean_env(**extra: str) -> dict[str, str]:
 def env(etcd_endpoints: list[str]) -> dict[str, str]:
     """Environment for CLI and example processes: etcd via ETCDFENCE_ENDPOINTS, as documented."""
     return clean_env(ETCDFENCE_ENDPOINTS=",".join(etcd_endpoints))
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts; whatever is still running at the end is killed."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)

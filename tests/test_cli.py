@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,25 +90,23 @@ def free_port() -> int:
     return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test starts; whatever is still running at the end is killed."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
-            proc.wait(10)
-
-
 # -------------------------------------------------------------------------- no etcd needed
 
 
 def test_help_documents_commands_examples_and_exit_codes() -> None:
     result = etcdfence("--help", env=clean_env())
     assert result.returncode == 0
-    for word in ("lock", "run", "leader", "observe", "fence", "etcd", "demo", "examples:"):
+    for word in (
+        "lock",
+        "run",
+        "leader",
+        "observe",
+        "status",
+        "fence",
+        "etcd",
+        "demo",
+        "examples:",
+    ):
         assert word in result.stdout
     for code in (0, 1, 2, 3, 4, 5, 6, 124):
         assert re.search(rf"^\s+{code}\s", result.stdout, re.M), code
@@ -118,6 +115,7 @@ def test_help_documents_commands_examples_and_exit_codes() -> None:
         ["run"],
         ["leader"],
         ["observe"],
+        ["status"],
         ["fence"],
         ["fence", "show"],
         ["fence", "put"],
@@ -159,7 +157,11 @@ def test_console_script_and_module_agree() -> None:
         ["lock", "x", "--ttl", "0"],
         ["lock", "x", "--timeout-acquire", "soon"],
         ["run", "x", "--", "true"],  # no --id
-        ["run", "x", "--id", "a"],  # no command
+        ["run", "x", "--id", "a", "sleep", "1"],  # a command without '--'
+        ["lock", "x", "ls", "-l"],  # a command without '--'
+        ["run", "x", "--id", "a", "--health", "nohost"],  # no port
+        ["status"],  # neither NAME nor --prefix
+        ["leader", "x", "-w", "yaml"],
         ["fence", "put", "r", "k", "v", "--token", "abc"],
         ["fence", "put", "r", "k", "v", "--token", "0"],
         ["fence"],

@@ -7,6 +7,7 @@ by hand while operating a cluster. It is also ``python -m etcdfence``.
     etcdfence run NAME --id ID -- CMD ...   run CMD only while leader of election NAME
     etcdfence leader NAME                   the current leader, as one JSON line
     etcdfence observe NAME                  every leader change, as JSON lines
+    etcdfence status NAME | --prefix P      who leads, since when, the queue and its leases
     etcdfence fence show RESOURCE           a resource's fencing high-water mark
     etcdfence fence put RESOURCE KEY VALUE --token T   a fenced write
     etcdfence etcd [--members N]            a local development etcd (or cluster)
@@ -35,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..errors import EtcdfenceError
-from . import demo, etcd, fence, leader, lock, observe, run
+from . import demo, etcd, fence, leader, lock, observe, run, status
 from ._exits import (
     EXIT_AUTH,
     EXIT_CANNOT_EXECUTE,
@@ -53,6 +54,7 @@ from ._exits import (
     exit_code_for,
 )
 from ._options import ENV_HELP, VALUE_OPTIONS, Formatter, Parser, add_connection_options
+from ._options import check_env_timeouts as _check_env_timeouts
 from ._options import check_text_options as _check_text_options
 from ._output import configure_logging as _configure_logging
 from ._output import error as _error
@@ -80,9 +82,12 @@ __all__ = [
 ]
 
 #: The commands, in the order ``etcdfence --help`` lists them.
-COMMANDS = (lock, run, leader, observe, fence, etcd, demo)
+COMMANDS = (lock, run, leader, observe, status, fence, etcd, demo)
 #: Commands whose arguments after ``--`` are the command to run.
 _COMMANDS_TAKING_CMD = ("lock", "run")
+#: One-request commands: their failure is their one error line, so the library's
+#: warning about the same failure (``fence_rejected``) shows only with ``-v``.
+_ONE_SHOT_COMMANDS = ("leader", "status", "fence", "etcd", "demo")
 
 DESCRIPTION = """\
 Leader election and locks on etcd with resource-side fencing tokens.
@@ -95,6 +100,7 @@ examples:
   etcdfence lock jobs/nightly -- ./backup.sh       # backup.sh sees $ETCDFENCE_TOKEN
   etcdfence run services/scheduler --id "$(hostname)" -- ./scheduler
   etcdfence leader services/scheduler
+  etcdfence status services/scheduler -w table     # leader, since which revision, the queue
   etcdfence fence put config/db config/db/primary 10.0.0.5 --token "$ETCDFENCE_TOKEN"
   etcdfence demo                                   # watch a zombie leader get fenced off
 
@@ -144,16 +150,36 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     argv = list(argv)
     if _command_name(argv) in _COMMANDS_TAKING_CMD and "--" in argv:
         cut = argv.index("--")
-        args = parser.parse_args(argv[:cut])
-        args.command = list(args.command) + argv[cut + 1 :]
+        args, extras = parser.parse_known_args(argv[:cut])
+        _refuse_command_without_dashes(parser, args, extras)
+        args.command = argv[cut + 1 :]
     else:
-        args = parser.parse_args(argv)
-    if args.command_name == "run" and not args.command:
-        parser.error("run needs a command: etcdfence run NAME --id ID -- CMD ...")
+        args, extras = parser.parse_known_args(argv)
+        _refuse_command_without_dashes(parser, args, extras)
     if args.command_name in _COMMANDS_TAKING_CMD:
         fit_grace(args, parser)
     _check_text_options(args, parser)
+    _check_env_timeouts(args, parser)
     return args
+
+
+def _refuse_command_without_dashes(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]
+) -> None:
+    """Words after NAME that are not our options: for ``lock``/``run`` a command written
+    without ``--`` (its own options would be taken for ours), so say how to write it."""
+    words = list(getattr(args, "command", None) or []) + extras
+    takes_command = args.command_name in _COMMANDS_TAKING_CMD
+    if takes_command and any(not word.startswith("-") for word in words):
+        example = "etcdfence lock NAME -- CMD ..."
+        if args.command_name == "run":
+            example = "etcdfence run NAME --id ID -- CMD ..."
+        parser.error(
+            f"unexpected arguments after NAME: {' '.join(words)!r}; put the command "
+            f"after '--': {example}"
+        )
+    if extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,7 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    _configure_logging(args.verbose or 0)
+    verbosity = args.verbose or 0
+    if verbosity == 0 and args.command_name in _ONE_SHOT_COMMANDS:
+        verbosity = -1  # errors only; -v: warnings and info; -vv: debug
+    _configure_logging(verbosity, getattr(args, "log_format", "console"))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

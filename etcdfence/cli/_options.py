@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import re
 import sys
 from typing import Any, NoReturn
 
@@ -35,11 +36,24 @@ environment (defaults for the connection options; the etcdctl name is the fallba
   --cert       ETCDFENCE_CERT, ETCDCTL_CERT
   --key        ETCDFENCE_KEY_FILE, ETCDCTL_KEY
   --user       ETCDFENCE_USER, ETCDCTL_USER
-  --password   ETCDFENCE_PASSWORD, ETCDCTL_PASSWORD"""
+  --password   ETCDFENCE_PASSWORD, ETCDCTL_PASSWORD
+  --timeout        ETCDFENCE_TIMEOUT, ETCDCTL_COMMAND_TIMEOUT
+  --dial-timeout   ETCDFENCE_DIAL_TIMEOUT, ETCDCTL_DIAL_TIMEOUT
+  (durations as etcdctl writes them — 2s, 500ms, 1m30s — or plain seconds)"""
 
 #: The connection options that take a value (to find the command name in an argv).
 VALUE_OPTIONS = frozenset(
-    {"--endpoints", "--timeout", "--cacert", "--cert", "--key", "--user", "--password"}
+    {
+        "--endpoints",
+        "--timeout",
+        "--dial-timeout",
+        "--cacert",
+        "--cert",
+        "--key",
+        "--user",
+        "--password",
+        "--log-format",
+    }
 )
 
 #: Where each connection option's default comes from when it is not on the command line.
@@ -51,6 +65,12 @@ _OPTION_ENV = {
     "key_file": ("ETCDFENCE_KEY_FILE", "ETCDCTL_KEY"),
     "user": ("ETCDFENCE_USER", "ETCDCTL_USER"),
     "password": ("ETCDFENCE_PASSWORD", "ETCDCTL_PASSWORD"),
+}
+
+#: The timeouts' environment defaults (etcdctl's duration syntax, or plain seconds).
+_TIMEOUT_ENV = {
+    "timeout": ("ETCDFENCE_TIMEOUT", "ETCDCTL_COMMAND_TIMEOUT"),
+    "dial_timeout": ("ETCDFENCE_DIAL_TIMEOUT", "ETCDCTL_DIAL_TIMEOUT"),
 }
 
 
@@ -101,10 +121,19 @@ def add_connection_options(parser: argparse.ArgumentParser, *, top: bool) -> Non
     )
     group.add_argument(
         "--timeout",
-        metavar="SECONDS",
-        type=positive_float,
+        metavar="DURATION",
+        type=duration,
         default=default,
-        help=f"timeout of each etcd request (default: {DEFAULT_TIMEOUT:g})",
+        help="timeout of each etcd request, e.g. 5, 5s, 500ms "
+        f"(default: $ETCDCTL_COMMAND_TIMEOUT, else {DEFAULT_TIMEOUT:g}s)",
+    )
+    group.add_argument(
+        "--dial-timeout",
+        metavar="DURATION",
+        type=duration,
+        default=default,
+        help="etcd must answer a first request within this, e.g. 2s "
+        "(default: $ETCDCTL_DIAL_TIMEOUT, else no separate check)",
     )
     group.add_argument(
         "--cacert", metavar="FILE", default=default, help="CA bundle to verify etcd's certificate"
@@ -134,7 +163,15 @@ def add_connection_options(parser: argparse.ArgumentParser, *, top: bool) -> Non
         "--verbose",
         action="count",
         default=0 if top else argparse.SUPPRESS,
-        help="log library events on stderr (-v warnings and info, -vv debug)",
+        help="log more on stderr: lock, run and observe show the library's warnings "
+        "(a lost lease and its reason) always, -v adds info, -vv debug; "
+        "one-request commands show warnings and info with -v",
+    )
+    group.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default="console" if top else argparse.SUPPRESS,
+        help="stderr as text lines (console, the default) or one JSON object per line",
     )
 
 
@@ -150,7 +187,61 @@ def check_text_options(args: argparse.Namespace, parser: argparse.ArgumentParser
                 parser.error(f"--{option.replace('_file', '')}: not valid UTF-8 text: {value!r}")
 
 
+def check_env_timeouts(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fill ``--timeout``/``--dial-timeout`` from the environment when not given; a value
+    there that is not a duration is a usage error naming the variable (exit 2)."""
+    for dest, names in _TIMEOUT_ENV.items():
+        if getattr(args, dest, None) is not None:
+            continue
+        setattr(args, dest, None)
+        for env_name in names:
+            raw = os.environ.get(env_name)
+            if not raw:
+                continue
+            try:
+                setattr(args, dest, duration(raw))
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"${env_name}: {exc}")
+            break
+
+
 # -- argument types ------------------------------------------------------------------------
+
+#: Go's ``time.ParseDuration`` units (what etcdctl's --dial-timeout and
+#: --command-timeout accept), in seconds.
+_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def duration(arg: str) -> float:
+    """Seconds: a plain number (``5``, ``0.5``) or a Go duration as etcdctl takes it
+    (``2s``, ``500ms``, ``1m30s``, ``1.5h``); more than 0, at most :data:`MAX_SECONDS`."""
+    text = arg.strip()
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        if re.fullmatch(r"[+-]?[\d.eE+-]+|inf|nan", text.lower()):
+            raise
+    parts = _DURATION_PART.findall(text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {arg!r} (use seconds or a duration such as 2s, 500ms, 1m30s)"
+        )
+    seconds = sum(float(number) * _UNITS[unit] for number, unit in parts)
+    if not 0 < seconds <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 and at most {MAX_SECONDS:g} seconds, got {arg!r}"
+        )
+    return seconds
 
 
 def positive_float(arg: str) -> float:
@@ -285,10 +376,31 @@ def _credentials(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def make_client(args: argparse.Namespace) -> Client:
-    """A :class:`Client` from the connection options, their env defaults and etcdctl's."""
+    """A :class:`Client` from the connection options, their env defaults and etcdctl's.
+
+    With a dial timeout (``--dial-timeout``, ``$ETCDCTL_DIAL_TIMEOUT``) etcd must answer
+    one read within it before the command goes on (etcdctl's dial), else exit 3."""
     endpoints = _option(args, "endpoints") or DEFAULT_ENDPOINT
     timeout = getattr(args, "timeout", None) or DEFAULT_TIMEOUT
     username, password = _credentials(args)
+    client = _client(args, endpoints, timeout, username, password)
+    dial_timeout = getattr(args, "dial_timeout", None)
+    if dial_timeout is not None:
+        try:
+            client.revision(timeout=dial_timeout)
+        except BaseException:
+            client.close()
+            raise
+    return client
+
+
+def _client(
+    args: argparse.Namespace,
+    endpoints: str,
+    timeout: float,
+    username: str | None,
+    password: str | None,
+) -> Client:
     return Client(
         endpoints,
         timeout=timeout,

@@ -9,7 +9,8 @@ from typing import Any
 from ..token import FencingToken
 from . import _options as opt
 from ._exits import EXIT_OK
-from ._output import emit
+from ._output import add_write_out
+from ._output import show as print_records
 
 
 def add_parser(subparsers: Any) -> None:
@@ -67,6 +68,7 @@ def _add_action(
         default="/etcdfence/fence/",
         help="where marks are stored (default: /etcdfence/fence/)",
     )
+    add_write_out(p, "json", ("json", "table"))
     p.set_defaults(func=run)
     return p
 
@@ -80,7 +82,8 @@ def show(args: argparse.Namespace) -> int:
     """``etcdfence fence show RESOURCE``."""
     with opt.make_client(args) as client:
         guard = client.fence(args.resource, prefix=args.prefix)
-        emit({"resource": args.resource, "key": guard.key.decode(), "mark": guard.current()})
+        record = {"resource": args.resource, "key": guard.key.decode(), "mark": guard.current()}
+    print_records([record], args.write_out, list(record))
     return EXIT_OK
 
 
@@ -90,14 +93,13 @@ def put(args: argparse.Namespace) -> int:
     with opt.make_client(args) as client:
         guard = client.fence(args.resource, prefix=args.prefix)
         revision = guard.put(token, args.data_key, args.value)
-        emit(
-            {
-                "resource": args.resource,
-                "key": args.data_key,
-                "token": token.value,
-                "revision": revision,
-            }
-        )
+    record = {
+        "resource": args.resource,
+        "key": args.data_key,
+        "token": token.value,
+        "revision": revision,
+    }
+    print_records([record], args.write_out, list(record))
     return EXIT_OK
 
 

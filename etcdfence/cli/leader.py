@@ -12,7 +12,7 @@ from typing import Any
 from ..types import Leader
 from . import _options as opt
 from ._exits import EXIT_OK
-from ._output import emit
+from ._output import add_write_out, emit, show
 
 RECORD_HELP = """\
 Output is one JSON object per line: name, key, value, encoding ('utf-8', or
@@ -31,14 +31,27 @@ def add_parser(subparsers: Any) -> None:
         "  etcdfence leader services/scheduler | jq -r .value",
     )
     p.add_argument("name", metavar="NAME", type=opt.name, help="election name")
+    add_write_out(p, "json", ("json", "table"))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """``etcdfence leader NAME``."""
     with opt.make_client(args) as client:
-        emit(leader_record(args.name, client.leader(args.name)))
+        print_leader(leader_record(args.name, client.leader(args.name)), args.write_out)
     return EXIT_OK
+
+
+#: The columns of ``-w table`` for ``leader`` and ``observe``.
+TABLE_COLUMNS = ("name", "value", "key", "create_revision", "lease_id", "revision")
+
+
+def print_leader(record: dict[str, Any], write_out: str) -> None:
+    """One leader record as a JSON line or a table."""
+    if write_out == "json":
+        emit(record)
+    else:
+        show([record], "table", TABLE_COLUMNS)
 
 
 def leader_record(name: str, leader: Leader | None) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from ..errors import EtcdfenceError
 from ..token import FencingToken
 from . import _options as opt
 from ._exits import EXIT_LOST, EXIT_OK
-from ._output import error, say
+from ._notify import Notifier, child_env
+from ._output import add_write_out, error, print_held, say, signame, warn
 from ._process import (
     POLL,
     Child,
@@ -75,12 +76,17 @@ def add_parser(subparsers: Any) -> None:
         help="give up (exit 124) if the lock is not acquired in time (default: wait forever)",
     )
     add_grace_option(p, "when the lock is lost")
+    add_write_out(p, "simple", ("simple", "json", "table"))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """``etcdfence lock NAME [-- CMD ...]``."""
-    with Signals(raising=True) as signals, opt.make_client(args) as client:
+    with (
+        Signals(raising=True) as signals,
+        Notifier.from_env() as notifier,
+        opt.make_client(args) as client,
+    ):
         session = client.session(ttl=args.ttl)
         lock = None
         try:
@@ -88,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
             lock = session.lock(args.name)
             token = lock.acquire(timeout=args.timeout_acquire)
             signals.raising = False
+            notifier.ready(f"holding {args.name} (token {token.value})")
+            notifier.start_watchdog(lambda: not session.expired)
             lost = threading.Event()
 
             def on_expired() -> None:
@@ -96,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
 
             session.on_expired(on_expired)
             if not args.command:
-                return _hold(args.name, token, signals, lost)
+                print_held(args.write_out, token, name=args.name)
+                return _hold(args.name, signals, lost)
             return _run_locked(args, token, signals, lost, session)
         finally:
             signals.raising = False
@@ -113,9 +122,8 @@ def _release(lock: Any, session: Any) -> None:
         session.close()
 
 
-def _hold(name: str, token: FencingToken, signals: Signals, lost: threading.Event) -> int:
-    """No command: print 'KEY TOKEN' and hold the lock until a signal or its loss."""
-    print(f"{token.key} {token.value}", flush=True)
+def _hold(name: str, signals: Signals, lost: threading.Event) -> int:
+    """No command: hold the lock until a signal or its loss."""
     while True:
         signals.wake.clear()
         if signals.take():
@@ -126,10 +134,21 @@ def _hold(name: str, token: FencingToken, signals: Signals, lost: threading.Even
         signals.wake.wait(1.0)
 
 
+def _report_crash(pid: int, returncode: int | None, status: int) -> None:
+    """A command that failed (non-zero status, or a signal we did not send) is logged as
+    crashed, at warning, with its status (lock still exits with that status)."""
+    if status == 0:
+        return
+    if returncode is not None and returncode < 0:
+        warn(f"command crashed (killed by {signame(-returncode)})", pid=pid, status=status)
+    else:
+        warn(f"command crashed (exit status {status})", pid=pid, status=status)
+
+
 def _lock_env(token: FencingToken) -> dict[str, str]:
     """Our environment plus the token and key under etcdfence's and etcdctl's names."""
     key = token.key or ""
-    env = dict(os.environ)
+    env = child_env(dict(os.environ))
     env.update(
         ETCDFENCE_TOKEN=str(token.value),
         ETCDFENCE_KEY=key,
@@ -151,12 +170,19 @@ def _run_locked(
     child = Child(
         args.command, _lock_env(token), new_session=False, foreground=tty_delivers_sigint()
     )
+    child_was_foreground = child.foreground  # Ctrl-C at the terminal reaches it directly
+    forwarded = False  # a signal we passed on ended it: not a crash
     try:
         while True:
             signals.wake.clear()
             if child.poll() is not None:
-                return child.finish(args.grace, deadline=deadline)
+                returncode = child.returncode
+                status = child.finish(args.grace, deadline=deadline)
+                if not forwarded and not (child_was_foreground and status == 128 + 2):
+                    _report_crash(child.pid, returncode, status)
+                return status
             for signum in signals.take():
+                forwarded = True
                 child.signal(signum)
             if lost.is_set() or must_stop(deadline, args.grace):
                 why = "session expired" if lost.is_set() else "lease not renewed in time"

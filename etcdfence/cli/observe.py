@@ -8,9 +8,9 @@ from typing import Any
 
 from . import _options as opt
 from ._exits import EXIT_OK
-from ._output import emit
+from ._output import add_write_out
 from ._process import Signals
-from .leader import RECORD_HELP, leader_record
+from .leader import RECORD_HELP, leader_record, print_leader
 
 
 def add_parser(subparsers: Any) -> None:
@@ -26,6 +26,7 @@ def add_parser(subparsers: Any) -> None:
         "  etcdfence observe services/scheduler | jq -c '{value, revision}'",
     )
     p.add_argument("name", metavar="NAME", type=opt.name, help="election name")
+    add_write_out(p, "json", ("json", "table"))
     p.set_defaults(func=run)
 
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
                     with output_lock:
                         if stopping.is_set():
                             return
-                        emit(leader_record(args.name, leader))
+                        print_leader(leader_record(args.name, leader), args.write_out)
             except BaseException as exc:
                 if not stopping.is_set():
                     failure.append(exc)
