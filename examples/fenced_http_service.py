@@ -165,7 +165,8 @@ def http_conformance_parts(
     ``restart`` when given, e.g. ``ServiceThread.restart``), for
     :mod:`etcdfence.conformance`: the write sends the token in ``Fencing-Token`` and
     raises :class:`etcdfence.StaleTokenError` on 409, :class:`etcdfence.InvalidTokenError`
-    on 400; the read returns the value's bytes or ``None``."""
+    on 400; the read returns the value's bytes or ``None``; ``close`` closes the HTTP
+    client (the kit calls it when done)."""
     http = httpx.Client(base_url=base_url.rstrip("/"), timeout=10.0)
 
     def write(token: object, key: str, value: bytes | str) -> None:
@@ -189,7 +190,7 @@ def http_conformance_parts(
         answer.raise_for_status()
         return answer.content
 
-    parts: dict[str, Callable[..., Any]] = {"write": write, "read": read}
+    parts: dict[str, Callable[..., Any]] = {"write": write, "read": read, "close": http.close}
     if restart is not None:
         parts["restart"] = restart
     return parts

@@ -3,19 +3,28 @@ writer processes (``conformance_adapters:unfenced``; tests/ is on their path).
 
 Where the store lives comes from the environment, which writer processes inherit:
 ``CONFORMANCE_TOY_DB`` (a SQLite file for the toy stores), ``CONFORMANCE_SQL``
-(``dialect:fences_table:data_table[:sqlite path]``) for SQLFence.
+(``dialect:fences_table:data_table[:sqlite path]``) for SQLFence, ``CONFORMANCE_REDIS``
+(the resource; the server is ``ETCDFENCE_TEST_REDIS``, default 127.0.0.1:6379) and
+``CONFORMANCE_REDIS_RESTART`` (a command starting that Redis again) for RedisFence,
+``CONFORMANCE_HTTP`` (the base URL of a running examples/fenced_http_service.py) for the
+HTTP service.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sqlite3
+import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from etcdfence import Client, EtcdUnavailable, StaleTokenError, _txn
+from etcdfence import Client, EtcdUnavailable, OutcomeUnknown, StaleTokenError, _txn
 from etcdfence.conformance import Adapter
+from etcdfence.conformance._adapter import as_adapter
 from etcdfence.conformance.adapters import fence_guard_adapter, sql_fence_adapter
 from etcdfence.testing import FaultProxy
 from etcdfence.token import coerce_token
@@ -118,6 +127,28 @@ def connector(dialect: str, path: str = "") -> Any:
     )
 
 
+def held_write(proxy: FaultProxy, write: Callable[[], Any], size: int) -> BaseException | None:
+    """Send ``write()`` with its bytes held in ``proxy`` (once ``size`` bytes are held),
+    make the client give up on it (its connection is severed; the bytes stay held for
+    ``proxy.release()``) and return what the write raised (None: it returned)."""
+    proxy.hold()
+    outcome: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            write()
+        except BaseException as err:
+            outcome.append(err)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    proxy.wait_held(size)
+    proxy.sever_held()
+    sender.join(15)
+    assert not sender.is_alive(), "the held write did not give up"
+    return outcome[0] if outcome else None
+
+
 class HeldFenceGuard:
     """FenceGuard whose client reaches etcd through a FaultProxy, so that one write can
     be held in the network (``delay``) and delivered after later writes.
@@ -161,21 +192,9 @@ class HeldFenceGuard:
         epoch = self.guard(key).epoch(value_) if self.epochs else 0
         size = len(self._txn(value_, key, value, epoch).SerializeToString()) + 9 + 5
         self.client.get(key)  # the connection through the proxy is up
-        self.proxy.hold()
-        outcome: list[BaseException] = []
-
-        def send() -> None:
-            try:
-                self.write(token, key, value)
-            except BaseException as err:
-                outcome.append(err)
-
-        sender = threading.Thread(target=send, daemon=True)
-        sender.start()
-        self.proxy.wait_held(size)  # the whole request is in the network
-        self.proxy.sever_held()  # the client gives up; its bytes stay held
-        sender.join(15)
-        assert outcome and isinstance(outcome[0], EtcdUnavailable), outcome
+        # the whole request is in the network; the client gives up, its bytes stay held
+        error = held_write(self.proxy, lambda: self.write(token, key, value), size)
+        assert isinstance(error, EtcdUnavailable), error
         self.client.get(key)  # an idempotent read: the channel reconnects first
 
         def release() -> None:
@@ -202,3 +221,97 @@ def held_fence_guard(endpoints: list[str]) -> HeldFenceGuard:
 def epochless_fence_guard(endpoints: list[str]) -> HeldFenceGuard:
     """The control: token checks only, so a held write of the term lands late."""
     return HeldFenceGuard(endpoints, epochs=False)
+
+
+# ----------------------------------------------------------------------------- examples
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def example(name: str) -> Any:
+    """``examples/<name>.py`` as a module (examples/ is no package), loaded once."""
+    module_name = f"etcdfence_example_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, EXAMPLES / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
+def redis_address() -> tuple[str, int]:
+    """Host and port of the test Redis (``ETCDFENCE_TEST_REDIS``, as tests/test_redis.py)."""
+    host, _, port = os.environ.get("ETCDFENCE_TEST_REDIS", "127.0.0.1:6379").rpartition(":")
+    return host, int(port)
+
+
+class HeldRedisFence:
+    """RedisFence through examples/fenced_redis.py's conformance parts, its client
+    reaching Redis through a FaultProxy so that ``delay()`` can hold one EVALSHA in
+    the network and deliver it after later writes (the late-landing scenario)."""
+
+    def __init__(self, resource: str, restart_command: str | None = None) -> None:
+        import redis
+
+        host, port = redis_address()
+        self.proxy = FaultProxy(f"{host}:{port}")
+        self.client = redis.Redis(host="127.0.0.1", port=self.proxy.port, socket_timeout=5,
+                                  socket_connect_timeout=5)  # fmt: skip
+        parts = example("fenced_redis").redis_conformance_parts(
+            self.client, resource, restart_command=restart_command
+        )
+        self.write, self.read, self.restart = parts["write"], parts["read"], parts["restart"]
+
+    def delay(self, token: Any, key: str, value: str) -> Any:
+        import redis
+
+        self.client.ping()  # a connection through the proxy is open and back in the pool
+        least = len(key) + len(value) + 40  # the EVALSHA's bytes (the script's SHA1: 40)
+        error = held_write(self.proxy, lambda: self.write(token, key, value), least)
+        assert isinstance(error, OutcomeUnknown), error  # the guard moved to the next epoch
+        host, port = redis_address()
+        watcher = redis.Redis(host=host, port=port, socket_timeout=10)
+
+        def release() -> None:
+            try:
+                with watcher.monitor() as monitor:  # type: ignore[no-untyped-call]
+                    # MONITOR is on (its OK read) before the held bytes go
+                    self.proxy.release()
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:  # Redis ran the held EVALSHA
+                        command = monitor.next_command()["command"]
+                        if command.upper().startswith("EVALSHA") and value in command:
+                            return
+                    raise TimeoutError("the held write did not reach Redis")
+            finally:
+                watcher.close()
+
+        return release
+
+    def close(self) -> None:
+        self.client.close()
+        self.proxy.close()
+
+
+def redis_fence() -> Adapter:
+    """RedisFence (examples/fenced_redis.py's parts) on the test Redis, resource
+    ``CONFORMANCE_REDIS``, with ``delay()``; ``restart()`` only when
+    ``CONFORMANCE_REDIS_RESTART`` names the command that starts the Redis again."""
+    restart = os.environ.get("CONFORMANCE_REDIS_RESTART") or None
+    return as_adapter(HeldRedisFence(os.environ["CONFORMANCE_REDIS"], restart))
+
+
+#: ServiceThreads the test process runs, by base URL: the kit's own adapter (built in
+#: that process) restarts the service; writer processes only send it requests.
+SERVICES: dict[str, Any] = {}
+
+
+def http_service() -> Adapter:
+    """examples/fenced_http_service.py running at ``CONFORMANCE_HTTP`` (started by the
+    test, its guard's mark in etcd), driven over real HTTP; ``restart()`` restarts
+    the uvicorn server when this process runs it."""
+    url = os.environ["CONFORMANCE_HTTP"]
+    service = SERVICES.get(url)
+    restart = None if service is None else service.restart
+    return as_adapter(example("fenced_http_service").http_conformance_parts(url, restart))
