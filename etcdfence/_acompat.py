@@ -51,11 +51,47 @@ Lock = threading.Lock
 AQueue = asyncio.Queue
 Queue = _queue.Queue
 
-ASemaphore = asyncio.Semaphore
-Semaphore = threading.Semaphore
 
 AChannel = grpc.aio.Channel
 Channel = grpc.Channel
+
+
+class ASlots:
+    """At most ``n`` holders at once (an asyncio semaphore; a thread one in the sync twin)."""
+
+    def __init__(self, n: int) -> None:
+        self._semaphore = asyncio.Semaphore(n)
+
+    async def take(self, timeout: float) -> bool:
+        """Take a slot within ``timeout`` seconds; return whether it was taken."""
+        if not self._semaphore.locked():
+            await self._semaphore.acquire()  # free: returns at once
+            return True
+        try:
+            await asyncio.wait_for(self._semaphore.acquire(), max(timeout, 0.0))
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def release(self) -> None:
+        """Give a taken slot back."""
+        self._semaphore.release()
+
+
+class Slots:
+    """At most ``n`` holders at once (a thread semaphore; an asyncio one in the async twin)."""
+
+    def __init__(self, n: int) -> None:
+        self._semaphore = threading.Semaphore(n)
+
+    def take(self, timeout: float) -> bool:
+        """Take a slot within ``timeout`` seconds; return whether it was taken."""
+        return self._semaphore.acquire(timeout=max(timeout, 0.0))
+
+    def release(self) -> None:
+        """Give a taken slot back."""
+        self._semaphore.release()
+
 
 #: What awaiting a gRPC call raises when its channel was closed under it (fail-over).
 AAborted = asyncio.CancelledError
@@ -152,25 +188,6 @@ def queue_get(queue: _queue.Queue[T], timeout: float | None) -> T:
         return queue.get(timeout=timeout)
     except _queue.Empty:
         raise TimeoutError from None
-
-
-async def atake(slots: asyncio.Semaphore, timeout: float) -> bool:
-    """Take one of ``slots`` within ``timeout`` seconds; return whether it was taken
-    (give it back with ``slots.release()``)."""
-    if not slots.locked():
-        await slots.acquire()  # free: returns at once
-        return True
-    try:
-        await asyncio.wait_for(slots.acquire(), max(timeout, 0.0))
-    except asyncio.TimeoutError:
-        return False
-    return True
-
-
-def take(slots: threading.Semaphore, timeout: float) -> bool:
-    """Take one of ``slots`` within ``timeout`` seconds; return whether it was taken
-    (give it back with ``slots.release()``)."""
-    return slots.acquire(timeout=max(timeout, 0.0))
 
 
 def aqueue_put(queue: asyncio.Queue[T], item: T) -> None:

@@ -16,7 +16,7 @@ monotonic = _c.monotonic
 Event = _c.AEvent
 Lock = _c.ALock
 Queue = _c.AQueue
-Semaphore = _c.ASemaphore
+Slots = _c.ASlots
 Channel = _c.AChannel
 Aborted = _c.AAborted
 
@@ -26,7 +26,6 @@ sleep = _c.asleep
 wait_event = _c.await_event
 queue_get = _c.aqueue_get
 queue_put = _c.aqueue_put
-take = _c.atake
 run_blocking = _c.arun_blocking
 spawn = _c.aspawn
 settle = _c.asettle

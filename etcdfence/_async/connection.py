@@ -170,7 +170,7 @@ class AsyncConnection:
         self._probed: set[int] = set()  # plaintext endpoints already probed for TLS
         self._observers: tuple[Callable[[CallRecord], Any], ...] = ()
         self._heard: dict[int, float] = {}  # endpoint index -> when it last answered anything
-        self._slots = _compat.Semaphore(MAX_IN_FLIGHT)
+        self._slots = _compat.Slots(MAX_IN_FLIGHT)
         #: The client's watch hub (``AsyncWatchHub``), which attaches itself here.
         self.watches: Any = None
         #: The client's queue views (``AsyncQueueViews``), which attach themselves here.
@@ -414,7 +414,7 @@ class AsyncConnection:
         on_send: Callable[[float], object] | None,
     ) -> Any:
         """One attempt on endpoint ``index``, in one of the client's in-flight slots."""
-        if not await _compat.take(self._slots, deadline - _compat.monotonic()):
+        if not await self._slots.take(deadline - _compat.monotonic()):
             raise EtcdUnavailableError(
                 f"the {method} was not sent: {MAX_IN_FLIGHT} requests of this client stayed "
                 f"in flight until its timeout (etcd at {self.endpoints[index]} is slow)"

@@ -17,7 +17,7 @@ monotonic = _c.monotonic
 Event = _c.Event
 Lock = _c.Lock
 Queue = _c.Queue
-Semaphore = _c.Semaphore
+Slots = _c.Slots
 Channel = _c.Channel
 Aborted = _c.Aborted
 
@@ -27,7 +27,6 @@ sleep = _c.sleep
 wait_event = _c.wait_event
 queue_get = _c.queue_get
 queue_put = _c.queue_put
-take = _c.take
 run_blocking = _c.run_blocking
 spawn = _c.spawn
 settle = _c.settle
