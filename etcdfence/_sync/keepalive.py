@@ -41,7 +41,7 @@ class KeptLease:
     sent: int = 0  # keepalives sent (for the session's counter)
     answered: int = 0  # answers received on the current stream
     asked: int = 0  # requests sent on the current stream
-    sent_at: collections.deque[float] = field(default_factory=collections.deque)
+    sent_at: list[float] = field(default_factory=list)  # unanswered sends (a few at most)
     renew: bool = True  # False once orphaned: no more keepalives, the deadline still runs
 
     def __post_init__(self) -> None:
@@ -161,7 +161,7 @@ class KeepAlives:
             if lease is None or not lease.sent_at:
                 return
             lease.answered += 1
-            sent = lease.sent_at.popleft()
+            sent = lease.sent_at.pop(0)
         if ttl <= 0:
             self.remove(lease_id)
             lease.on_gone("lease expired or revoked on the server")

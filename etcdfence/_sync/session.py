@@ -86,8 +86,6 @@ class Session:
         self._lease_id: int | None = None
         self._deadline = 0.0
         self._expired = _compat.Event()
-        self._stopping = _compat.Event()  # stop the keepalive
-        self._closing = _compat.Event()  # stop everything (close or expiry)
         self._expiry_reason: str | None = None
         self._interrupted: BaseException | None = None
         self._callbacks: list[Callable[[], Any]] = []
@@ -234,13 +232,10 @@ class Session:
 
         The local deadline still applies, so ``expired`` turns true in time.
         """
-        self._stopping.set()
         if self._lease_id is not None:
             self._client.keepalives.orphan(self._lease_id)
 
     def _stop_workers(self) -> None:
-        self._stopping.set()
-        self._closing.set()
         if self._lease_id is not None:
             self._client.keepalives.remove(self._lease_id)
 
@@ -273,8 +268,6 @@ class Session:
                 return False
             self._expiry_reason = reason
             self._expired.set()
-            self._stopping.set()
-            self._closing.set()
             with_callbacks = list(self._callbacks) if notify else []
             self._callbacks.clear()
         error = SessionExpiredError(f"session expired: {reason}")
