@@ -77,6 +77,14 @@ def _created(kv: Any) -> int:
     return int(kv.create_revision)
 
 
+async def _queue_order(api: Api, name: str, sessions: list[Any]) -> list[int]:
+    """Indexes of ``sessions`` whose keys are queued, in queue (create revision) order:
+    the crowd enqueues concurrently, so its order is etcd's, not the spawn order."""
+    index = {s.lock(name).key: i for i, s in enumerate(sessions)}
+    queued = sorted(await keys_under(api, name), key=_created)
+    return [index[kv.key.decode()] for kv in queued if kv.key.decode() in index]
+
+
 async def _views_closed(client: Any) -> bool:
     return len(client.connection.queues) == 0
 
@@ -96,7 +104,7 @@ async def test_a_crowd_waiter_whose_lease_goes_fails_at_once_and_the_rest_go_on(
             await asyncio.wait_for(tasks[2], 5)  # while the holder still holds
         assert not any(t.done() for i, t in enumerate(tasks) if i != 2)
         await api(holder.lock(name).release)
-        for i in (0, 1, 3):
+        for i in await _queue_order(api, name, sessions):  # the crowd queued in any order
             token = await asyncio.wait_for(tasks[i], 10)
             assert token.key == sessions[i].lock(name).key
             await api(sessions[i].lock(name).release)
@@ -123,11 +131,11 @@ async def test_a_view_that_fell_behind_a_compaction_reads_the_queue_again(
             await api(api.client.compact, await api(api.client.revision))
             proxy.reset()  # its streams break; the watches resume into compacted history
             proxy.heal()
-            token = await asyncio.wait_for(tasks[0], 30)  # reconnect backoff under load
-            assert token.key == sessions[0].lock(name).key
-            await api(sessions[0].lock(name).release)
-            for i in (1, 2):
-                token = await asyncio.wait_for(tasks[i], 30)
+            order = await _queue_order(api, name, sessions)
+            assert order[0] == 0  # it queued alone, first
+            for i in order:
+                token = await asyncio.wait_for(tasks[i], 30)  # reconnect backoff under load
+                assert token.key == sessions[i].lock(name).key
                 await api(sessions[i].lock(name).release)
         finally:
             for s in [holder, *sessions]:
@@ -143,16 +151,22 @@ async def test_a_cancelled_crowd_waiter_leaves_no_key_and_the_next_one_gets_the_
         sessions = [await client.session(ttl=10).open() for _ in range(3)]
         try:
             await holder.lock(name).acquire()
-            tasks = [asyncio.ensure_future(s.lock(name).acquire()) for s in sessions]
+            tasks = [asyncio.ensure_future(sessions[0].lock(name).acquire())]
+            await poll(lambda: _has(client, name, 2), timeout=10)
+            tasks += [asyncio.ensure_future(s.lock(name).acquire()) for s in sessions[1:]]
             await poll(lambda: _has(client, name, 4), timeout=10)
-            tasks[1].cancel()
+            queued = [kv.key.decode() for kv in sorted(await client.get_prefix(name + "/"),
+                                                       key=_created)]  # fmt: skip
+            gone = next(i for i in (1, 2) if sessions[i].lock(name).key == queued[2])
+            kept = 3 - gone  # cancel the crowd waiter queued first, keep the one behind it
+            tasks[gone].cancel()
             with pytest.raises(asyncio.CancelledError):
-                await tasks[1]
+                await tasks[gone]
             await poll(lambda: _has(client, name, 3), timeout=5)  # its key was withdrawn
             await holder.lock(name).release()
             assert (await asyncio.wait_for(tasks[0], 5)).key == sessions[0].lock(name).key
             await sessions[0].lock(name).release()
-            assert (await asyncio.wait_for(tasks[2], 5)).key == sessions[2].lock(name).key
+            assert (await asyncio.wait_for(tasks[kept], 5)).key == sessions[kept].lock(name).key
         finally:
             for s in [holder, *sessions]:
                 await s.aclose()
