@@ -806,18 +806,19 @@ def test_wsgi_twin_in_front_of_a_sqlfence_write(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_the_readme_http_snippets_run(etcd_endpoints: list[str]) -> None:
+def test_the_readme_http_snippets_run(
+    etcd_endpoints: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The README's "HTTP write gates" client and server, as written, against real etcd
-    and a real uvicorn (only the addresses replaced)."""
+    (found through $ETCDFENCE_ENDPOINTS, as a user's would be) and a real uvicorn."""
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### HTTP write gates") : readme.index("## How it works")]
     client_code, server_code = re.findall(r"```python\n(.*?)```", section, re.S)
-    etcd = etcd_endpoints[0]
-    server_ns: dict[str, Any] = {"ef": ef}
-    exec(server_code.replace("http://127.0.0.1:2379", etcd), server_ns)
+    monkeypatch.setenv("ETCDFENCE_ENDPOINTS", etcd_endpoints[0])
+    server_ns: dict[str, Any] = {}
+    exec(server_code, server_ns)
     arrivals = Arrivals()
     with serve_asgi(arrivals.asgi(server_ns["app"])) as url:
-        client_code = client_code.replace("http://127.0.0.1:2379", etcd)
         client_code = client_code.replace("http://127.0.0.1:8000", url)
         client_code = client_code.replace("http.put(", "answer = http.put(")
         client_ns: dict[str, Any] = {}

@@ -785,14 +785,17 @@ def test_example_writes_under_a_lock_and_refuses_stale(
 
 
 @pytest.mark.integration
-def test_readme_snippet_runs(etcd_endpoints: list[str], r: Any, resource: str) -> None:
-    """The README's RedisFence example, run as written (endpoint and resource swapped)."""
+def test_readme_snippet_runs(
+    etcd_endpoints: list[str], r: Any, resource: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's RedisFence example, run as written (etcd found through
+    $ETCDFENCE_ENDPOINTS; the resource swapped for a fresh one)."""
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme.split("### Fencing Redis keys", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    code = code.replace("http://127.0.0.1:2379", etcd_endpoints[0])
+    monkeypatch.setenv("ETCDFENCE_ENDPOINTS", etcd_endpoints[0])
     code = code.replace('"orders"', repr(resource)).replace("{orders}", f"{{{resource}}}")
     code = code.replace('"jobs/orders"', repr(f"t/{resource}"))
     namespace: dict[str, Any] = {}
