@@ -57,6 +57,7 @@ TOPICS = (
     "client",
     "sql",
     "redisfence",
+    "scale",
     "http_gates",
 )
 
