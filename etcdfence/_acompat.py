@@ -56,6 +56,74 @@ AChannel = grpc.aio.Channel
 Channel = grpc.Channel
 
 
+class ASignal:
+    """A flag set once that tasks wait for: ``asyncio.Event`` without its eager deque
+    (624 bytes), for what every session and queued waiter holds (10,000 of them)."""
+
+    __slots__ = ("_value", "_waiters")
+
+    def __init__(self) -> None:
+        self._value = False
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def is_set(self) -> bool:
+        """Whether :meth:`set` was called."""
+        return self._value
+
+    def set(self) -> None:
+        """Set the flag and wake every waiter (once; later calls do nothing)."""
+        if self._value:
+            return
+        self._value = True
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Wait until set or ``timeout`` passes; return whether it is set."""
+        if self._value:
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        waiter = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            return self._value
+        finally:
+            if self._waiters is not None and waiter in self._waiters:
+                self._waiters.remove(waiter)
+        return True
+
+
+class Signal:
+    """A flag set once that threads wait for (a ``threading.Event``; the async twin's is
+    lighter than ``asyncio.Event``)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def is_set(self) -> bool:
+        """Whether :meth:`set` was called."""
+        return self._event.is_set()
+
+    def set(self) -> None:
+        """Set the flag and wake every waiter."""
+        self._event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until set or ``timeout`` passes; return whether it is set."""
+        if timeout is not None and timeout <= 0:
+            return self._event.is_set()
+        return self._event.wait(timeout)
+
+
 class ASlots:
     """At most ``n`` holders at once (an asyncio semaphore; a thread one in the sync twin)."""
 

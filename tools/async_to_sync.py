@@ -83,6 +83,7 @@ COMPAT_NAMES: dict[str, str] = {
     "ALock": "Lock",
     "AQueue": "Queue",
     "ASlots": "Slots",
+    "ASignal": "Signal",
     "AChannel": "Channel",
     "AAborted": "Aborted",
     "astill_wanted": "still_wanted",

@@ -17,6 +17,7 @@ Event = _c.AEvent
 Lock = _c.ALock
 Queue = _c.AQueue
 Slots = _c.ASlots
+Signal = _c.ASignal
 Channel = _c.AChannel
 Aborted = _c.AAborted
 

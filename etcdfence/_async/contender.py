@@ -238,7 +238,7 @@ class AsyncContender:
             with self._session.waiting(turn):
                 self._session.check()
                 remaining = None if deadline is None else deadline - _compat.monotonic()
-                if not await _compat.wait_event(turn.woken, remaining):
+                if not await turn.woken.wait(remaining):
                     raise AcquireTimeoutError(f"{self._kind} {self.name!r} not acquired in time")
                 if turn.error is not None:
                     raise turn.error

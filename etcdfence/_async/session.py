@@ -84,7 +84,7 @@ class AsyncSession:
         self._margin = default_margin(ttl) if margin is None else float(margin)
         self._lease_id: int | None = None
         self._deadline = 0.0
-        self._expired = _compat.Event()
+        self._expired = _compat.Signal()
         self._expiry_reason: str | None = None
         self._interrupted: BaseException | None = None
         self._callbacks: list[Callable[[], Any]] = []
@@ -259,7 +259,7 @@ class AsyncSession:
 
     async def wait_expired(self, timeout: float | None = None) -> bool:
         """Block until the session expires; return whether it did within ``timeout``."""
-        return await _compat.wait_event(self._expired, timeout)
+        return await self._expired.wait(timeout)
 
     def _mark_expired(self, reason: str, *, notify: bool) -> bool:
         with self._state_lock:

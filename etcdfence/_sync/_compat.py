@@ -18,6 +18,7 @@ Event = _c.Event
 Lock = _c.Lock
 Queue = _c.Queue
 Slots = _c.Slots
+Signal = _c.Signal
 Channel = _c.Channel
 Aborted = _c.Aborted
 

@@ -239,7 +239,7 @@ class Contender:
             with self._session.waiting(turn):
                 self._session.check()
                 remaining = None if deadline is None else deadline - _compat.monotonic()
-                if not _compat.wait_event(turn.woken, remaining):
+                if not turn.woken.wait(remaining):
                     raise AcquireTimeoutError(f"{self._kind} {self.name!r} not acquired in time")
                 if turn.error is not None:
                     raise turn.error

@@ -49,7 +49,7 @@ class QueueTurn:
     def __init__(self, key: bytes, create_revision: int) -> None:
         self.key = key
         self.create_revision = create_revision
-        self.woken = _compat.Event()
+        self.woken = _compat.Signal()
         self.error: BaseException | None = None
 
     def interrupt(self, error: BaseException) -> None:

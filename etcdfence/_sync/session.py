@@ -85,7 +85,7 @@ class Session:
         self._margin = default_margin(ttl) if margin is None else float(margin)
         self._lease_id: int | None = None
         self._deadline = 0.0
-        self._expired = _compat.Event()
+        self._expired = _compat.Signal()
         self._expiry_reason: str | None = None
         self._interrupted: BaseException | None = None
         self._callbacks: list[Callable[[], Any]] = []
@@ -260,7 +260,7 @@ class Session:
 
     def wait_expired(self, timeout: float | None = None) -> bool:
         """Block until the session expires; return whether it did within ``timeout``."""
-        return _compat.wait_event(self._expired, timeout)
+        return self._expired.wait(timeout)
 
     def _mark_expired(self, reason: str, *, notify: bool) -> bool:
         with self._state_lock:
