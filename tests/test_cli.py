@@ -580,6 +580,23 @@ def test_etcd_command_serves_until_sigterm() -> None:
 
 
 @pytest.mark.integration
+def test_etcd_command_writes_json_with_w_json() -> None:
+    proc = start("etcd", "--listen", "127.0.0.1:0", "--members", "3", "-w", "json", env=clean_env())
+    try:
+        record = json.loads(Lines(proc.stdout).wait_for(lambda line: line.startswith("{"), 60))
+        assert len(record["endpoints"]) == 3 and record["version"].startswith("3.")
+        assert [m["endpoint"] for m in record["members"]] == record["endpoints"]
+        assert all(alive(m["pid"]) for m in record["members"])
+        endpoints = ",".join(record["endpoints"])
+        result = etcdfence("leader", "x", env=clean_env(ETCDFENCE_ENDPOINTS=endpoints))
+        assert result.returncode == 0, result
+        assert stop(proc, signal.SIGTERM, timeout=20) == 0
+        assert not any(alive(m["pid"]) for m in record["members"])
+    finally:
+        stop(proc, signal.SIGKILL)
+
+
+@pytest.mark.integration
 def test_user_option_and_auth_errors_exit_5(tmp_path: Path) -> None:
     from etcdfence.testing import EtcdServer, find_etcdctl
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import errno
 import ipaddress
+import json
 import socket
 from typing import TYPE_CHECKING, Any
 
 from . import _options as opt
 from ._exits import EXIT_OK, EXIT_USAGE, CommandError
-from ._output import say
+from ._output import add_write_out, say
 from ._process import Signals
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="keep the data here (single member only; not deleted on exit)",
     )
+    add_write_out(p, "simple", ("simple", "json"))
     p.set_defaults(func=run)
 
 
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             members = _start(runner)
             signals.raising = False
-            _announce(runner, members)
+            _announce(runner, members, args.write_out)
             _serve(signals, members)
         finally:
             signals.raising = False
@@ -165,12 +167,24 @@ def _start(runner: EtcdServer | EtcdCluster) -> list[EtcdServer]:
     return [runner] if isinstance(runner, EtcdServer) else runner.members
 
 
-def _announce(runner: EtcdServer | EtcdCluster, members: list[EtcdServer]) -> None:
-    """The endpoints on stdout (two lines scripts read), a status line on stderr."""
+def _announce(runner: EtcdServer | EtcdCluster, members: list[EtcdServer], write_out: str) -> None:
+    """The endpoints on stdout (two lines scripts read, or one JSON record with ``-w
+    json``), a status line on stderr."""
     endpoints = ",".join(runner.endpoints)
-    print(endpoints)
-    print(f"export ETCDFENCE_ENDPOINTS={endpoints}", flush=True)
     version = ".".join(map(str, runner.version))
+    if write_out == "json":
+        record = {
+            "endpoints": runner.endpoints,
+            "version": version,
+            "members": [
+                {"name": m.name, "pid": m.pid, "endpoint": m.endpoint, "peer_url": m.peer_url}
+                for m in members
+            ],
+        }
+        print(json.dumps(record), flush=True)
+    else:
+        print(endpoints)
+        print(f"export ETCDFENCE_ENDPOINTS={endpoints}", flush=True)
     pids = ", ".join(str(m.pid) for m in members)
     say(
         f"etcd {version} running: {len(members)} member(s), pid {pids}, "
