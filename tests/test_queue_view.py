@@ -199,3 +199,31 @@ async def test_crowds_of_two_clients_interleave_in_queue_order(
     finally:
         for s in [holder, *sessions]:
             await api.close(s)
+
+
+async def test_a_crowd_fails_at_once_when_its_view_cannot_follow_etcd(
+    etcd_endpoints: list[str], etcd_namespace: str
+) -> None:
+    """Closing the client ends the view's watch: every crowd waiter raises at once (no
+    hang until a timeout), and one joining the failed view fails alike."""
+    name = etcd_namespace + "/closed"
+    async with ef.AsyncClient(etcd_endpoints) as direct:
+        holder = await direct.session(ttl=10).open()
+        client = ef.AsyncClient(etcd_endpoints)
+        sessions = [await client.session(ttl=10).open() for _ in range(3)]
+        try:
+            await holder.lock(name).acquire()
+            tasks = [asyncio.ensure_future(sessions[0].lock(name).acquire())]
+            await poll(lambda: _has(direct, name, 2), timeout=10)
+            tasks += [asyncio.ensure_future(s.lock(name).acquire()) for s in sessions[1:]]
+            await poll(lambda: _has(direct, name, 4), timeout=10)
+            view = client.connection.queues._views[(name + "/").encode()]
+            await client.aclose()
+            for task in tasks:
+                with pytest.raises(ef.EtcdfenceError):
+                    await asyncio.wait_for(task, 5)
+            assert view.failure is not None
+            late = view.join(b"late", 10**9)
+            assert late.woken.is_set() and late.error is view.failure
+        finally:
+            await holder.aclose()

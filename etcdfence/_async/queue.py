@@ -77,10 +77,14 @@ class AsyncQueueView:
         self._worker: _compat.Background | None = None
         self.users = 0  # the registry's count of waiters using this view
         self.stopping = False
+        self.failure: BaseException | None = None  # why the view stopped following etcd
 
     def join(self, key: bytes, create_revision: int) -> QueueTurn:
         """Wait in the view for the key created at ``create_revision``."""
         turn = QueueTurn(key, create_revision)
+        if self.failure is not None:  # joined a view that just failed: fail alike
+            turn.interrupt(self.failure)
+            return turn
         with self._guard:
             self._turns[create_revision] = turn
             if self._worker is None:
@@ -180,6 +184,7 @@ class AsyncQueueView:
 
     def _fail(self, error: BaseException) -> None:
         with self._guard:
+            self.failure = error
             turns = list(self._turns.values())
         for turn in turns:
             turn.interrupt(error)
@@ -217,7 +222,7 @@ class AsyncQueueViews:
         """The view of ``prefix`` (started on first use); :meth:`leave` it when done."""
         with self._guard:
             view = self._views.get(prefix)
-            if view is None:
+            if view is None or view.failure is not None:  # a failed view is replaced
                 view = self._views[prefix] = AsyncQueueView(self._conn, prefix)
             view.users += 1
         return view
