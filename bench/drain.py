@@ -96,14 +96,13 @@ def _threaded_drain(
     pass_through: Callable[[int], None],
     n: int,
     counter: Any,
-    watch_key: str,
+    queued: Callable[[], bool],
     what: str,
 ) -> Outcome:
     """Start ``n`` waiter threads (``pass_through(i)``: acquire, then release), wait
-    until each has its watch open, then ``release`` the held lock and time the drain.
-    Both threaded contenders go through this one procedure."""
+    until all are ``queued`` (waiting on a watch), then ``release`` the held lock and
+    time the drain. Both threaded contenders go through this one procedure."""
     finished: list[float] = []
-    start_watches = counter.snapshot()[watch_key]
 
     def waiter(i: int) -> None:
         pass_through(i)
@@ -112,7 +111,7 @@ def _threaded_drain(
     threads = [threading.Thread(target=waiter, args=(i,)) for i in range(1, n + 1)]
     for thread in threads:
         thread.start()
-    wait_until(lambda: counter.snapshot()[watch_key] - start_watches >= n, 30, what)
+    wait_until(queued, 30, what)
     time.sleep(SETTLE)
     before = counter.snapshot()
     t0 = time.monotonic()
@@ -147,7 +146,9 @@ class EtcdfenceSync:
             lambda i: self._pass_through(name, i),
             n,
             self.counter,
-            "stream:Watch",
+            # each waiter has its own client; a client's stream opens once, so count the
+            # waiters' keys (each waits on its watch once its key is queued)
+            lambda: len(self.clients[0].get_prefix(name + "/")) >= n + 1,
             "etcdfence waiters to queue",
         )
 
@@ -237,9 +238,14 @@ class Etcd3Locks:
             lambda i: self._pass_through(name, i),
             n,
             self.counter,
-            "watch:create",
+            self._queued(n),
             "python3-etcd3 waiters to queue",
         )
+
+    def _queued(self, n: int) -> Callable[[], bool]:
+        """Whether all ``n`` waiters opened their watch (etcd3 creates one per attempt)."""
+        start = self.counter.snapshot()["watch:create"]
+        return lambda: self.counter.snapshot()["watch:create"] - start >= n
 
     def close(self) -> None:
         for client in self.clients:
