@@ -83,10 +83,10 @@ class QueueView:
     def join(self, key: bytes, create_revision: int) -> QueueTurn:
         """Wait in the view for the key created at ``create_revision``."""
         turn = QueueTurn(key, create_revision)
-        if self.failure is not None:  # joined a view that just failed: fail alike
-            turn.interrupt(self.failure)
-            return turn
         with self._guard:
+            if self.failure is not None:  # joined a view that just failed: fail alike
+                turn.interrupt(self.failure)
+                return turn
             self._turns[create_revision] = turn
             if self._worker is None:
                 self._worker = _compat.Background(self._run, name="etcdfence-queue-view")
