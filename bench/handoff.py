@@ -442,17 +442,22 @@ def _findings(data: Json) -> str:
     lines = [
         "### Handoff: where the milliseconds go",
         "",
-        "Timestamps inside the candidate processes (durable etcd) split an etcdfence "
-        "process handoff into: SIGINT → handler ≈ 0.25 ms; `resign()` (a guarded delete, "
-        "one fsync'd raft entry) ≈ 1.2–1.5 ms; the next candidate's watch event arrives "
-        "with the delete's response; closing that watch ≈ 0.2–0.3 ms; the re-read that "
-        "confirms the turn and yields the token (one linearizable read txn) ≈ 0.8–1 ms in "
-        "an idle Python process; pipe ≈ 0.1 ms. Go's waiter does the same reads (etcdctl "
-        "even one more, to print the key) at a lower per-RPC cost: the gap is Python's "
-        "gRPC round trip in a process that was idle until the event (the in-process "
-        "side, whose loop is busy, is faster than etcdctl). Across the runs made while "
-        "building this report the process-chain ratio ranged 0.90–1.22×: the sides are "
-        "within ~0.5 ms and the verdict flips with the background load.",
+        "Timestamps inside a waiting candidate process (durable etcd, 0.3 s between "
+        "handoffs, profiled for #12) split its side of a handoff into: the delete event "
+        "reaching the watch hub → the re-read sent ≈ 0.23 ms (routing, the wait's cleanup, "
+        "the read task); the re-read itself — one linearizable read-only txn, the check "
+        "DESIGN requires (my key still there, none ahead) — 1.2–2.0 ms; read answered → "
+        "token printed ≈ 0.1 ms. Of the re-read, etcdfence's own code (slot, retry "
+        "wrapper, translation) is ≈ 0.07 ms; the rest is the gRPC round trip itself. The "
+        "same read in a loop costs 0.67–0.83 ms warm and 1.2–1.3 ms after 50 ms … 1 s "
+        "idle (a serializable read likewise): a Python process that was idle pays for "
+        "waking grpc.aio's poller thread and the event loop on each side of the call. The "
+        "leader's resign is the same kind of call in an idle process. Go's waiter "
+        "(etcdctl) makes the same requests (one read more, to print the key) without that "
+        "wake-up cost, so the process chain stays 1.2–1.5× etcdctl here, while the "
+        "in-process handoff (a warm loop) is faster than etcdctl. Tried: deferring the "
+        "watch's cancel until after the re-read — no measurable change. Closing the gap "
+        "needs a transport cheaper than grpc.aio after idling, not fewer requests.",
         "",
         *[
             f"- This run, {MODE_TEXT[mode]}: etcdfence − etcdctl = "
