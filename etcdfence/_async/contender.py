@@ -13,6 +13,12 @@ The protocol is etcd's own (Go ``concurrency.Mutex``/``Election``, etcdctl):
    report a phantom leadership). When our key exists and none is ahead, we own
    it, and that read's header revision is the token.
 
+A contender that queues while another contender of the same client is already in
+an acquire on the name is part of a *crowd*: it enqueues without the first-created
+read, waits in the client's shared view of the queue (``queue.py``) instead of
+watching the key ahead, and confirms with a read of its own key — step 3 with an
+O(1) read, since nobody ahead at the view's revision stays true.
+
 Giving up (timeout, cancellation, interruption, an error or a lost reply) deletes
 our key, guarded by its create revision so a late delete never removes a newer
 incarnation; when the create revision is unknown (the enqueue's reply was lost),
