@@ -50,7 +50,8 @@ class _CheckedStream(httpx.SyncByteStream):
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self._inner:
-            self._gate.still(self._token, self._doing)
+            if chunk:  # an empty chunk sends nothing: with no body, the headers end the request
+                self._gate.still(self._token, self._doing)
             yield chunk
 
     def close(self) -> None:
@@ -70,7 +71,8 @@ class _AsyncCheckedStream(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner:
-            self._gate.still(self._token, self._doing)
+            if chunk:  # an empty chunk sends nothing: with no body, the headers end the request
+                self._gate.still(self._token, self._doing)
             yield chunk
 
     async def aclose(self) -> None:

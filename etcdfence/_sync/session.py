@@ -86,6 +86,7 @@ class Session:
         self._lease_id: int | None = None
         self._deadline = 0.0
         self._expired = _compat.Signal()
+        self._settled = _compat.Signal()  # expired, and its on_expired callbacks ran
         self._expiry_reason: str | None = None
         self._interrupted: BaseException | None = None
         self._callbacks: list[Callable[[], Any]] = []
@@ -259,8 +260,9 @@ class Session:
         self._callbacks.append(callback)
 
     def wait_expired(self, timeout: float | None = None) -> bool:
-        """Block until the session expires; return whether it did within ``timeout``."""
-        return self._expired.wait(timeout)
+        """Block until the session expired and its ``on_expired`` callbacks ran; return
+        whether that happened within ``timeout``."""
+        return self._settled.wait(timeout)
 
     def _mark_expired(self, reason: str, *, notify: bool) -> bool:
         with self._state_lock:
@@ -273,11 +275,14 @@ class Session:
         error = SessionExpiredError(f"session expired: {reason}")
         for waiter in list(self._waiters):
             waiter.interrupt(error)
-        for callback in with_callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("etcdfence.on_expired_callback_failed")
+        try:
+            for callback in with_callbacks:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("etcdfence.on_expired_callback_failed")
+        finally:
+            self._settled.set()
         return True
 
     def _expire(self, reason: str) -> None:
