@@ -308,3 +308,26 @@ def test_max_grace_leaves_margin_keepalive_interval_and_slack() -> None:
     assert args.grace == pytest.approx(cli.max_grace(3)), "the default shrinks to fit"
     args = cli.parse_args(["lock", "x", "--", "true"])
     assert args.grace == cli.DEFAULT_GRACE
+
+
+def test_the_reaper_never_collects_the_commands_own_status() -> None:
+    """Reaping the group's orphans must leave the command to Popen: a command reaped by
+    the orphan sweep read as exit status 0 (seen as `exit 5` → 'status 0' under load)."""
+    import subprocess
+    import time as _time
+
+    from etcdfence.cli._reaper import _reap_orphans
+
+    command = subprocess.Popen(["sh", "-c", "exit 5"])
+    orphan = subprocess.Popen(["sh", "-c", "exit 0"])
+    deadline = _time.monotonic() + 10
+    while _time.monotonic() < deadline:  # both exited, neither collected yet (zombies)
+        states = [Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for p in (command, orphan)]  # fmt: skip
+        if states == ["Z", "Z"]:
+            break
+        _time.sleep(0.01)
+    _reap_orphans(command.pid)  # the reaper's loop: sweep, then Popen polls the command
+    assert command.wait(5) == 5
+    _reap_orphans(command.pid)  # the next sweep collects the rest
+    assert not Path(f"/proc/{orphan.pid}").exists(), "the other exited child was collected"

@@ -113,15 +113,19 @@ def _others_alive(me: int) -> bool:
     return any(table[pid][2] not in ("Z", "X") for pid in live)
 
 
-def _reap_orphans() -> None:
-    """Collect exited descendants re-parented to us (we are their subreaper)."""
+def _reap_orphans(command: int) -> None:
+    """Collect exited descendants re-parented to us (we are their subreaper) — never the
+    command itself: its status is Popen's to read (a command reaped here would read as
+    exit status 0: Popen reports a child it cannot wait for any more as 0)."""
     while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
-        if pid == 0:
+        if exited is None or exited.si_pid == command:  # nothing, or the command: Popen's
             return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(exited.si_pid, 0)
 
 
 def _kill_everything(me: int) -> None:
@@ -218,7 +222,7 @@ def _watch(child: subprocess.Popen[bytes], control_fd: int, status_fd: int, me: 
             returncode = child.poll()
             if returncode is not None:
                 _write(status_fd, f"exited {returncode}")
-        _reap_orphans()
+        _reap_orphans(child.pid)
         if returncode is not None and not _others_alive(me):
             return returncode
         # While only the command runs, sleep until SIGCHLD or the supervisor's death;
