@@ -4,10 +4,29 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 
 import pytest
+
+
+def free_port_pair() -> int:
+    """A port P with P and P+1 free on 127.0.0.1 right now (`etcdfence etcd --listen`:
+    client port P, peer port P+1)."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port >= 65535:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

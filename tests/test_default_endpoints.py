@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import clean_env
+from conftest import clean_env, free_port_pair
 
 import etcdfence as ef
 from etcdfence._endpoints import DEFAULT_ENDPOINT, default_endpoints, parse_endpoints
@@ -88,23 +88,6 @@ async def test_async_client_uses_the_environment(
 # -- etcdfence etcd ------------------------------------------------------------------
 
 
-def _free_port_pair() -> int:
-    """A port P with P and P+1 free on 127.0.0.1 right now."""
-    for _ in range(100):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port >= 65535:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
-
-
 def _etcd(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "etcdfence", "etcd", *args],
@@ -136,7 +119,7 @@ def test_etcd_listen_is_validated() -> None:
 
 @pytest.mark.integration
 def test_etcd_listen_port_and_a_taken_port_is_one_clear_line() -> None:
-    port = _free_port_pair()
+    port = free_port_pair()
     proc = _etcd("--listen", f"127.0.0.1:{port}")
     try:
         out = LineReader(proc.stdout)
@@ -168,7 +151,7 @@ def test_etcd_listen_port_and_a_taken_port_is_one_clear_line() -> None:
 def test_etcd_three_members_on_consecutive_ports() -> None:
     ports: list[int] = []
     for _ in range(50):  # six consecutive free ports
-        base = _free_port_pair()
+        base = free_port_pair()
         try:
             socks = []
             for p in range(base, base + 6):

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from conftest import clean_env, free_port_pair
 
 import etcdfence
 from etcdfence.testing.procs import LineReader, stop
@@ -251,22 +250,6 @@ def test_wheel_metadata_and_files(dist: Dist) -> None:
 # -- the pip user's walk ------------------------------------------------------------------
 
 
-def _free_port_pair() -> int:
-    for _ in range(100):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port >= 65535:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
-
-
 def _readme_section(title: str) -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     start = text.index(f"\n## {title}\n")
@@ -320,7 +303,7 @@ def test_pip_user_walks_the_readme_quickstart_and_cli(pip_user_venv: Path, tmp_p
     assert str(pip_user_venv) in probe.stdout.splitlines()[0]
     assert probe.stdout.splitlines()[1] == "None None"
 
-    port = _free_port_pair()
+    port = free_port_pair()
     endpoint = f"http://127.0.0.1:{port}"
     env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     server = subprocess.Popen(

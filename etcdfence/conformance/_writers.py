@@ -11,7 +11,7 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..errors import EtcdfenceError
@@ -44,6 +44,19 @@ class Writer:
 
     def send(self, contender: str, key: str, token: int | None, count: int = 1) -> int:
         raise NotImplementedError
+
+    def _command(
+        self, ids: Iterator[int], contender: str, key: str, token: int | None, count: int
+    ) -> dict[str, Any]:
+        """A numbered write command, as both kinds of writer carry it."""
+        return {
+            "id": next(ids),
+            "contender": contender,
+            "key": key,
+            "resource": self.resource(key),
+            "token": token,
+            "count": count,
+        }
 
     def wait(self, command: int, timeout: float = WRITER_TIMEOUT) -> None:
         raise NotImplementedError
@@ -97,15 +110,8 @@ class ProcessWriter(Writer):
         if not self._ready:
             self._wait_line(lambda line: '"ready"' in line, WRITER_TIMEOUT, "build its adapter")
             self._ready = True
-        command = next(self._ids)
-        line = {
-            "id": command,
-            "contender": contender,
-            "key": key,
-            "resource": self.resource(key),
-            "token": token,
-            "count": count,
-        }
+        line = self._command(self._ids, contender, key, token, count)
+        command: int = line["id"]
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(json.dumps(line) + "\n")
@@ -174,18 +180,10 @@ class ThreadWriter(Writer):
                 self._done[command["id"]].set()
 
     def send(self, contender: str, key: str, token: int | None, count: int = 1) -> int:
-        command = next(self._ids)
+        line = self._command(self._ids, contender, key, token, count)
+        command: int = line["id"]
         self._done[command] = threading.Event()
-        self._queue.put(
-            {
-                "id": command,
-                "contender": contender,
-                "key": key,
-                "resource": self.resource(key),
-                "token": token,
-                "count": count,
-            }
-        )
+        self._queue.put(line)
         return command
 
     def wait(self, command: int, timeout: float = WRITER_TIMEOUT) -> None:
