@@ -1,8 +1,9 @@
 """What every benchmark topic shares: results on disk, the rendered part, the machine,
 an embedded etcd, request counters, ``/proc`` readings, child processes, statistics.
 
-One topic = one module in ``bench/`` (``drain``, ``handoff``, ``throughput``, ``hold``,
-``failover``, ``cluster``, ``ordering``, ``client``, ``sql``, ``redisfence``) with two halves:
+One topic = one module in ``bench/`` (``drain``, ``handoff``, ``recipes``, ``throughput``, ``hold``,
+``failover``, ``cluster``, ``ordering``, ``client``, ``sql``, ``redisfence``, ``beat_failover``, …)
+with two halves:
 
 * ``measure(quick: bool) -> dict`` starts its own etcd, measures its contenders *side by
   side in one run* (alternating in rounds, so the noise of a shared machine hits every
@@ -11,7 +12,7 @@ One topic = one module in ``bench/`` (``drain``, ``handoff``, ``throughput``, ``
   its rows of the targets table, its findings) and draws its plots into
   ``bench/results/``.
 
-``python bench/<topic>.py [--quick]`` does both and writes ``bench/results/<topic>.part.json``;
+``python -m bench.<topic> [--quick]`` does both and writes ``bench/results/<topic>.part.json``;
 ``--render-only`` redraws from the last ``<topic>.json``. ``bench/report.py`` only
 assembles ``bench/REPORT.md`` from the parts; ``bench/run_all.py`` (``make bench``) runs
 the topics one process each, then the report.
@@ -49,6 +50,7 @@ Json = dict[str, Any]
 TOPICS = (
     "drain",
     "handoff",
+    "recipes",
     "throughput",
     "hold",
     "failover",
@@ -59,6 +61,9 @@ TOPICS = (
     "redisfence",
     "scale",
     "http_gates",
+    "admit",
+    "kit_power",
+    "beat_failover",
 )
 
 
@@ -132,6 +137,21 @@ def start_etcd(*, fsync: bool = True, extra: list[str] | None = None) -> Any:
 
     args = [] if fsync else ["--unsafe-no-fsync"]
     return EtcdServer(extra_args=[*args, *(extra or [])])
+
+
+def real_token(endpoint: str, name: str = "bench/token") -> Any:
+    """A fencing token a real lock issued (acquired and released at once) on ``endpoint``.
+
+    Every etcd fence refuses a token above etcd's current revision (FutureTokenError), so
+    a guard bench writes with one of these, not a made-up large number; the equal token
+    is accepted again and again (one term writing many times)."""
+    import etcdfence as ef
+
+    with ef.Client(endpoint) as client, client.session(ttl=10) as session:
+        lock = session.lock(name)
+        token = lock.acquire(timeout=10)
+        lock.release()
+    return token
 
 
 def host_port(endpoint: str) -> tuple[str, int]:
@@ -504,3 +524,31 @@ def run_topic(
         data = measure()
     save_part(render(data))
     return 0
+
+
+def rounds_waiters_main(
+    topic: str,
+    doc: str | None,
+    measure: Callable[..., Json],
+    render: Callable[[Json], Part],
+    argv: list[str] | None,
+    waiters: str,
+) -> int:
+    """The CLI of a topic sized by ``--rounds``, ``--waiters`` (a list of N) and
+    ``--modes`` (etcd with and without fsync): ``measure(quick, rounds=, waiters=,
+    modes=)``. Used by ``drain`` and ``recipes``."""
+    parser = topic_args(doc)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--waiters", default=waiters)
+    parser.add_argument("--modes", default=None, help="fsync,no-fsync (quick: fsync only)")
+    args = parser.parse_args(argv)
+
+    def run() -> Json:
+        return measure(
+            args.quick,
+            rounds=args.rounds,
+            waiters=[int(x) for x in args.waiters.split(",")],
+            modes=args.modes.split(",") if args.modes else None,
+        )
+
+    return run_topic(topic, run, render, args.render_only)

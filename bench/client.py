@@ -13,7 +13,7 @@ fsynced — what production sees, where the disk dominates) and against
 costs next to a plain one is the throughput topic's (every concurrency level, sync and
 asyncio, against raw gRPC).
 
-    python bench/client.py [--quick] [--n 300] [--rounds 7] [--render-only]
+    python -m bench.client [--quick] [--n 300] [--rounds 7] [--render-only]
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import asyncio
 import sys
 
 import etcd3
-from _common import (
+
+import etcdfence as ef
+from bench._common import (
     MODE_TEXT,
     Json,
     Part,
@@ -36,8 +38,6 @@ from _common import (
     start_etcd,
     topic_args,
 )
-
-import etcdfence as ef
 
 #: (key of the ratio, numerator, denominator, goal)
 RATIOS = (

@@ -14,7 +14,7 @@ request* on the raft leader and on each follower (``/proc/<pid>/stat``), for:
 The client talks to the leader's endpoint. The write workloads alternate in rounds;
 durable etcd (default fsync).
 
-    python bench/cluster.py [--quick] [--sizes 3,5] [--rounds 3] [--render-only]
+    python -m bench.cluster [--quick] [--sizes 3,5] [--rounds 3] [--render-only]
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import sys
 import time
 from typing import Any
 
-from _common import (
+import etcdfence as ef
+from bench._common import (
     Json,
     Part,
     Stopwatch,
@@ -32,17 +33,15 @@ from _common import (
     md_table,
     median,
     pyplot,
+    real_token,
     run_topic,
     save_data,
     save_plot,
     topic_args,
 )
-
-import etcdfence as ef
 from etcdfence.testing import EtcdCluster
 
 VALUE = b"x" * 64
-TOKEN = ef.FencingToken(10**12)
 IN_FLIGHT = 64
 
 
@@ -50,7 +49,7 @@ def _cpu(pids: list[int]) -> list[float]:
     return [cpu_seconds(pid) for pid in pids]
 
 
-async def _writes(client: ef.AsyncClient, kind: str, seconds: float) -> int:
+async def _writes(client: ef.AsyncClient, kind: str, seconds: float, token: Any) -> int:
     guards = [client.fence(f"cluster/r{w}") for w in range(IN_FLIGHT)]
     deadline = time.monotonic() + seconds
 
@@ -59,7 +58,7 @@ async def _writes(client: ef.AsyncClient, kind: str, seconds: float) -> int:
         key = f"cluster/k{w}"
         while time.monotonic() < deadline:
             if kind == "guarded write":
-                await guards[w].put(TOKEN, key, VALUE)
+                await guards[w].put(token, key, VALUE)
             else:
                 await client.put(key, VALUE)
             n += 1
@@ -73,9 +72,10 @@ async def _measure(
 ) -> Json:
     per: dict[str, list[list[float]]] = {"plain put": [], "guarded write": []}
     rates: dict[str, list[float]] = {"plain put": [], "guarded write": [], "keepalive": []}
+    token = real_token(endpoint)  # below etcd's revision: no token from the future
     async with ef.AsyncClient(endpoint) as client:
-        await _writes(client, "plain put", 0.3)  # warm up
-        await _writes(client, "guarded write", 0.3)
+        await _writes(client, "plain put", 0.3, token)  # warm up
+        await _writes(client, "guarded write", 0.3, token)
         # idle baseline: CPU per second per member with nothing running
         before, t0 = _cpu(pids), time.monotonic()
         await asyncio.sleep(slice_s * 2)
@@ -84,7 +84,7 @@ async def _measure(
             kinds = ["plain put", "guarded write"]
             for kind in kinds if rnd % 2 == 0 else list(reversed(kinds)):
                 before, t0 = _cpu(pids), time.monotonic()
-                ops = await _writes(client, kind, slice_s)
+                ops = await _writes(client, kind, slice_s, token)
                 wall = time.monotonic() - t0
                 used = [b - a - i * wall for a, b, i in zip(before, _cpu(pids), idle, strict=True)]
                 per[kind].append([u / ops * 1e6 for u in used])

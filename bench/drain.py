@@ -23,7 +23,7 @@ every waiter's enqueueing, so it is reported per waiter, not per handoff.
 Rounds alternate the contenders (the order flips every round) for every N, against
 a durable etcd and against ``--unsafe-no-fsync``; the result is the median per N.
 
-    python bench/drain.py [--quick] [--rounds 3] [--waiters 5,10,20,50] [--render-only]
+    python -m bench.drain [--quick] [--rounds 3] [--waiters 5,10,20,50] [--render-only]
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from collections.abc import Callable
 from typing import Any
 
 import etcd3
-from _common import (
+
+import etcdfence as ef
+from bench._common import (
     MODE_TEXT,
     STYLE,
     Counter,
@@ -56,15 +58,12 @@ from _common import (
     quiet,
     ratio,
     requests_of,
-    run_topic,
+    rounds_waiters_main,
     save_data,
     save_plot,
     server_messages,
     start_etcd,
-    topic_args,
 )
-
-import etcdfence as ef
 from etcdfence.testing.procs import wait_until
 
 SETTLE = 0.2  # after every waiter issued its watch, before the release (not timed)
@@ -460,21 +459,7 @@ the watch it had opened (the `by_method` breakdown above), whatever the queue le
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = topic_args(__doc__)
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--waiters", default="5,10,20,50")
-    parser.add_argument("--modes", default=None, help="fsync,no-fsync (quick: fsync only)")
-    args = parser.parse_args(argv)
-
-    def run() -> Json:
-        return measure(
-            args.quick,
-            rounds=args.rounds,
-            waiters=[int(x) for x in args.waiters.split(",")],
-            modes=args.modes.split(",") if args.modes else None,
-        )
-
-    return run_topic("drain", run, render, args.render_only)
+    return rounds_waiters_main("drain", __doc__, measure, render, argv, "5,10,20,50")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ lease life is between 2/3·TTL and TTL; add up to 0.5 s of lessor granularity an
 handoff. Target: failover ≤ TTL + 1 s. The TTLs alternate in rounds; durable etcd
 (TTL dominates; fsync adds one disk write to the revoke).
 
-    python bench/failover.py [--quick] [--rounds 2] [--chain 4] [--ttls 1,2,5] [--render-only]
+    python -m bench.failover [--quick] [--rounds 2] [--chain 4] [--ttls 1,2,5] [--render-only]
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import signal
 import sys
 import time
 
-from _common import (
+import etcdfence as ef
+from bench._common import (
     Json,
     Part,
     Stopwatch,
@@ -39,9 +40,7 @@ from _common import (
     start_etcd,
     topic_args,
 )
-from handoff import child_command, start_chain
-
-import etcdfence as ef
+from bench.handoff import child_command, start_chain
 
 
 def failover_chain(client: ef.Client, endpoint: str, name: str, ttl: int, k: int) -> list[float]:

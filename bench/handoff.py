@@ -33,7 +33,7 @@ campaign in one process; the time from ``resign()`` being called to the next
 Rounds alternate the four (order flipped each round), against a durable etcd and
 against ``--unsafe-no-fsync``.
 
-    python bench/handoff.py [--quick] [--rounds 4] [--chain 8] [--render-only]
+    python -m bench.handoff [--quick] [--rounds 4] [--chain 8] [--render-only]
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ import sys
 import time
 from typing import Any
 
-from _common import (
+import etcdfence as ef
+from bench._common import (
     MODE_TEXT,
     Json,
     Part,
@@ -64,8 +65,6 @@ from _common import (
     start_etcd,
     topic_args,
 )
-
-import etcdfence as ef
 from etcdfence.testing.procs import LineReader, start, stop, wait_until
 
 SIDES = ("etcdctl elect", "etcdfence", "etcdfence, revoke at once", "etcdfence in-process")

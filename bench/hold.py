@@ -28,8 +28,8 @@ Keepalives are expected at 3/TTL per second whatever N is: one lease, one stream
    write and per term (campaign + resign) before compaction, and after compaction
    and defragmentation.
 
-    python bench/hold.py [--quick] [--counts 1,100,1000,10000] [--ttl 3] [--idle 5]
-    python bench/hold.py --render-only
+    python -m bench.hold [--quick] [--counts 1,100,1000,10000] [--ttl 3] [--idle 5]
+    python -m bench.hold --render-only
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from _common import (
+import etcdfence as ef
+from bench._common import (
     Counter,
     Json,
     Part,
@@ -58,6 +58,7 @@ from _common import (
     pyplot,
     python_child_env,
     ratio,
+    real_token,
     rss_bytes,
     run_topic,
     save_data,
@@ -66,8 +67,7 @@ from _common import (
     threads_of,
     topic_args,
 )
-
-import etcdfence as ef
+from etcdfence._txn import range_request
 
 WATCH_MEMORY_URL = "https://etcd.io/docs/v3.5/benchmarks/etcd-3-watch-memory-benchmark/"
 IN_FLIGHT = 256
@@ -118,17 +118,12 @@ async def _child(endpoint: str, n: int, ttl: int, idle: float, etcd_pid: int, wa
         if wait:
             waiter = client.session(ttl)
             await waiter.open()
-            watches = counter.snapshot()["stream:Watch"]
             started = time.monotonic()
             pending: list[asyncio.Future[Any]] = []
             for first in range(0, n, IN_FLIGHT):  # queue them in batches, like the acquires
                 batch = locks[first : first + IN_FLIGHT]
                 pending += [asyncio.ensure_future(waiter.lock(lk.name).acquire()) for lk in batch]
-                deadline = time.monotonic() + 60
-                while counter.snapshot()["stream:Watch"] - watches < len(pending):
-                    if time.monotonic() > deadline or waiter.expired or holder.expired:
-                        raise TimeoutError(f"waiters did not queue ({len(pending)} of {n})")
-                    await asyncio.sleep(0.01)
+                await _queued(client, f"hold/{n}/", n + len(pending), waiter, holder)
             out["queue_s"] = round(time.monotonic() - started, 3)
             out["wait"] = await _idle(waiter, counter, etcd_pid, idle)
             for task in pending:
@@ -137,6 +132,18 @@ async def _child(endpoint: str, n: int, ttl: int, idle: float, etcd_pid: int, wa
             await waiter.aclose()
         await holder.aclose()
     return out
+
+
+async def _queued(client: ef.AsyncClient, prefix: str, keys: int, waiter: Any, holder: Any) -> None:
+    """Wait until ``keys`` lock keys exist under ``prefix`` (holders' and queued
+    waiters'): waiters queue on the client's one shared Watch stream, so counting
+    streams says nothing; counting their keys in etcd does."""
+    deadline = time.monotonic() + 60
+    request = range_request(prefix.encode(), prefix=True, count_only=True)
+    while (await client.connection.call("Range", request, idempotent=True)).count < keys:
+        if time.monotonic() > deadline or waiter.expired or holder.expired:
+            raise TimeoutError(f"waiters did not queue (want {keys} keys under {prefix!r})")
+        await asyncio.sleep(0.01)
 
 
 async def _sessions_child(endpoint: str, s: int, ttl: int, idle: float, etcd_pid: int) -> Json:
@@ -185,7 +192,7 @@ def child_main(argv: list[str]) -> int:
 
 
 def run_child(args: list[str]) -> Any:
-    command = [sys.executable, str(Path(__file__).resolve()), "child", *args]
+    command = [sys.executable, "-m", "bench.hold", "child", *args]
     done = subprocess.run(
         command, env=python_child_env(), capture_output=True, text=True, timeout=600
     )
@@ -206,7 +213,7 @@ def db_growth(endpoint: str, k: int) -> Json:
     with ef.Client(endpoint) as client:
         out: Json = {"k": k}
         guard = client.fence("growth/resource")
-        token = ef.FencingToken(10**12)
+        token = real_token(endpoint)  # below etcd's revision: not from the future
         start = db_in_use(client)
         for i in range(k):
             guard.put(token, f"growth/data/{i % 16}", b"x" * 64)
@@ -343,94 +350,167 @@ def _print_n(n: int, result: Json) -> None:
 # --------------------------------------------------------------------------- render
 
 
-def render(data: Json) -> Part:
-    """The hold section: keepalives, idle CPU and memory vs N, the cost lines, targets."""
-    part = Part("hold", "Cost of holding N locks on one session", "", machine=data.get("machine"))
-    res = data["results"]
-    ns = [r["n"] for r in res]
+def _pair(ax: Any, res: list[Json], key: str, label: str, style: str = "o-") -> None:
+    """Plot ``key`` of the hold phase and, where measured, of the wait phase vs N."""
     waited = [r for r in res if "wait" in r]
-    fig, axes = pyplot().subplots(1, 3, figsize=(13, 3.8))
-    ax = axes[0]
-    ax.plot(ns, [r["hold"]["keepalives_per_s"] for r in res], "o-", label="holding N")
+    ax.plot([r["n"] for r in res], [r["hold"][key] for r in res], style, label=f"{label}holding N")
     ax.plot(
         [r["n"] for r in waited],
-        [r["wait"]["keepalives_per_s"] for r in waited],
+        [r["wait"][key] for r in waited],
         "s--",
-        label="+ N waiters (their session)",
+        label=f"{label}+ N waiters" + ("" if label else " (their session)"),
     )
-    ax.axhline(
-        data["expected_keepalives_per_s"],
-        color="gray",
-        linewidth=0.8,
-        label=f"3/TTL = {data['expected_keepalives_per_s']}/s",
-    )
+
+
+def _etcd_line(ax: Any, res: list[Json], key: str, phase: str, style: str, color: str) -> None:
+    rows = [r for r in res if phase in r]
+    label = "etcd, holding N" if phase == "hold" else "etcd, + N waiters"
+    ax.plot([r["n"] for r in rows], [r[phase][key] for r in rows], style, color=color, label=label)
+
+
+def _plots(data: Json) -> str:
+    """Keepalives/s, idle CPU and memory vs N, holding and with N waiters."""
+    res = data["results"]
+    ns = [r["n"] for r in res]
+    expected = data["expected_keepalives_per_s"]
+    fig, axes = pyplot().subplots(1, 3, figsize=(13, 3.8))
+    ax = axes[0]
+    _pair(ax, res, "keepalives_per_s", "")
+    ax.axhline(expected, color="gray", linewidth=0.8, label=f"3/TTL = {expected}/s")
     ax.set(
         xscale="log",
         xlabel="locks held on one session",
         ylabel="keepalive RPCs/s",
         title=f"Keepalives (TTL {data['ttl']} s)",
     )
-    ax.set_ylim(0, max(1.5, 2 * data["expected_keepalives_per_s"]))
+    ax.set_ylim(0, max(1.5, 2 * expected))
     ax = axes[1]
-    ax.plot(ns, [r["hold"]["client_cpu_pct"] for r in res], "o-", label="client, holding N")
-    ax.plot(
-        [r["n"] for r in waited],
-        [r["wait"]["client_cpu_pct"] for r in waited],
-        "s--",
-        label="client, + N waiters",
-    )
-    ax.plot(
-        ns, [r["hold"]["etcd_cpu_pct"] for r in res], "^:", color="tab:red", label="etcd, holding N"
-    )
+    _pair(ax, res, "client_cpu_pct", "client, ")
+    _etcd_line(ax, res, "etcd_cpu_pct", "hold", "^:", "tab:red")
     ax.axhline(1.0, color="tab:red", linewidth=0.8, alpha=0.6, label="1 % target")
     ax.set(xscale="log", xlabel="locks", ylabel="CPU % of one core, idle", title="Idle CPU")
     ax.set_ylim(bottom=0)
     ax = axes[2]
-    ax.plot(ns, [r["hold"]["client_rss_mb"] for r in res], "o-", label="client, holding N")
-    ax.plot(
-        [r["n"] for r in waited],
-        [r["wait"]["client_rss_mb"] for r in waited],
-        "s--",
-        label="client, + N waiters",
-    )
-    ax.plot(
-        ns, [r["hold"]["etcd_rss_mb"] for r in res], "^:", color="tab:red", label="etcd, holding N"
-    )
-    ax.plot(
-        [r["n"] for r in waited],
-        [r["wait"]["etcd_rss_mb"] for r in waited],
-        "v:",
-        color="tab:orange",
-        label="etcd, + N waiters",
-    )
+    _pair(ax, res, "client_rss_mb", "client, ")
+    _etcd_line(ax, res, "etcd_rss_mb", "hold", "^:", "tab:red")
+    _etcd_line(ax, res, "etcd_rss_mb", "wait", "v:", "tab:orange")
     ax.set(xscale="log", yscale="log", xlabel="locks", ylabel="RSS, MB", title="Memory")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         plain_axis(ax, "x", ns)
     plain_axis(axes[2], "y", minor=True)
-    png = save_plot(fig, "hold.png")
+    return save_plot(fig, "hold.png")
 
-    rows = []
-    for r in res:
-        h = r["hold"]
-        w = r.get("wait")
-        rows.append(
-            [
-                f"{r['n']:,}",
-                f"{r['acquire_s']:.2f} s",
-                f"{h['keepalives_per_s']:.2f}",
-                str(r["keepalive_streams_opened"]),
-                ", ".join(f"{k} {v}" for k, v in h["requests_while_idle"].items()) or "none",
-                f"{h['client_cpu_pct']:.2f} %",
-                f"{h['client_rss_mb']:.0f} MB",
-                f"{h['etcd_cpu_pct']:.2f} %",
-                f"{h['etcd_rss_mb']:.0f} MB",
-                "—" if w is None else f"{w['client_cpu_pct']:.2f} %",
-                "—" if w is None else f"{w['client_rss_mb']:.0f} MB",
-                "—" if w is None else f"{w['etcd_rss_mb']:.0f} MB",
-            ]
-        )
+
+HOLD_COLUMNS = [
+    "N",
+    "acquire N",
+    "keepalives/s",
+    "keepalive streams",
+    "RPCs while idle",
+    "client CPU",
+    "client RSS",
+    "etcd CPU",
+    "etcd RSS",
+    "+N waiters: client CPU",
+    "client RSS",
+    "etcd RSS",
+]
+
+
+def _row(r: Json) -> list[str]:
+    """One N's row of the hold table."""
+    h, w = r["hold"], r.get("wait")
+    return [
+        f"{r['n']:,}",
+        f"{r['acquire_s']:.2f} s",
+        f"{h['keepalives_per_s']:.2f}",
+        str(r["keepalive_streams_opened"]),
+        ", ".join(f"{k} {v}" for k, v in h["requests_while_idle"].items()) or "none",
+        f"{h['client_cpu_pct']:.2f} %",
+        f"{h['client_rss_mb']:.0f} MB",
+        f"{h['etcd_cpu_pct']:.2f} %",
+        f"{h['etcd_rss_mb']:.0f} MB",
+        "—" if w is None else f"{w['client_cpu_pct']:.2f} %",
+        "—" if w is None else f"{w['client_rss_mb']:.0f} MB",
+        "—" if w is None else f"{w['etcd_rss_mb']:.0f} MB",
+    ]
+
+
+def _memory_per_waiter(waited: list[Json]) -> list[str]:
+    """Memory per held lock and per queued waiter, from the smallest and largest N waited."""
+    if len(waited) < 2:
+        return []
+    lo, hi = waited[0], waited[-1]
+    dn = hi["n"] - lo["n"]
+    client_kb = (hi["wait"]["client_rss_mb"] - hi["hold"]["client_rss_mb"]) * 1024 / hi["n"]
+    etcd_kb = (hi["wait"]["etcd_rss_mb"] - hi["hold"]["etcd_rss_mb"]) * 1024 / hi["n"]
+    held_kb = (hi["hold"]["client_rss_mb"] - lo["hold"]["client_rss_mb"]) * 1024 / dn
+    return [
+        f"Memory per held lock in the client ≈ {held_kb:.1f} KB; per queued waiter ≈ "
+        f"{client_kb:.0f} KB in the client and ≈ {etcd_kb:.0f} KB in etcd (each waiter "
+        f"opens its own gRPC watch stream; N = {hi['n']:,}).",
+        "",
+    ]
+
+
+def _keepalive_cost(ka: Json | None, by_n: dict[int, Json]) -> list[str]:
+    """etcd's and the client's CPU per keepalive, when measured."""
+    if not ka:
+        return []
+    base = by_n[min(by_n)]["hold"]["etcd_cpu_pct"] if by_n else 0.0
+    per = (ka["etcd_cpu_pct"] - base) / 100 / ka["keepalives_per_s"] * 1e6
+    return [
+        f"Keepalive cost: {ka['sessions']} sessions of TTL {ka['ttl']} s on one client "
+        f"sent {ka['keepalives_per_s']:.0f} keepalives/s; etcd used "
+        f"{ka['etcd_cpu_pct']:.1f} % of a core (idle baseline {base:.1f} %), i.e. ≈ "
+        f"{per:.0f} µs of etcd CPU per keepalive; the client used "
+        f"{ka['client_cpu_pct']:.1f} % (≈ "
+        f"{ka['client_cpu_pct'] / 100 / ka['keepalives_per_s'] * 1e6:.0f} µs each). "
+        f"Sessions expired meanwhile: {ka['expired']}.",
+        "",
+    ]
+
+
+def _db_growth(growth: Json | None) -> list[str]:
+    """etcd's database growth per guarded write and per term, when measured."""
+    if not growth:
+        return []
+    return [
+        f"etcd database growth before compaction ({growth['k']:,} operations each): "
+        f"{growth['bytes_per_guarded_write']:.0f} B per guarded write (64-byte value), "
+        f"{growth['bytes_per_term']:.0f} B per term (campaign + resign, 2 revisions); "
+        f"{growth['in_use_before_mb']} MB in use → {growth['in_use_after_compact_defrag_mb']}"
+        " MB after compaction and defragmentation.",
+        "",
+    ]
+
+
+def _hold_target(part: Part, by_n: dict[int, Json]) -> None:
+    """The target row: 10,000 (else the largest N) locks, one stream, idle CPU < 1 %."""
+    top = by_n.get(10000) or by_n[max(by_n)]
+    h = top["hold"]
+    ok = (
+        top["keepalive_streams_opened"] == 1
+        and not h["requests_while_idle"]
+        and h["client_cpu_pct"] < 1.0
+    )
+    part.add(
+        "hold",
+        f"{top['n']:,} locks on one session: one keepalive stream, idle CPU < 1 %",
+        f"{top['keepalive_streams_opened']} stream, {h['keepalives_per_s']:.2f} keepalives/s, "
+        f"RPCs while idle: {h['requests_while_idle'] or 'none'}, CPU {h['client_cpu_pct']:.2f} %",
+        ok,
+        "1 stream, < 1 %",
+    )
+
+
+def render(data: Json) -> Part:
+    """The hold section: keepalives, idle CPU and memory vs N, the cost lines, targets."""
+    part = Part("hold", "Cost of holding N locks on one session", "", machine=data.get("machine"))
+    res = data["results"]
+    png = _plots(data)
     parts = [
         f"![hold]({png})",
         "",
@@ -442,78 +522,15 @@ def render(data: Json) -> Part:
         "threads) over wall time (etcd: `/proc/<pid>/stat`, 10 ms ticks, so ±0.3 % over a "
         "few seconds); RSS from `/proc/<pid>/statm`.",
         "",
-        md_table(
-            [
-                "N",
-                "acquire N",
-                "keepalives/s",
-                "keepalive streams",
-                "RPCs while idle",
-                "client CPU",
-                "client RSS",
-                "etcd CPU",
-                "etcd RSS",
-                "+N waiters: client CPU",
-                "client RSS",
-                "etcd RSS",
-            ],
-            rows,
-        ),
+        md_table(HOLD_COLUMNS, [_row(r) for r in res]),
         "",
     ]
     by_n = {r["n"]: r for r in res}
-    if len(waited) >= 2:
-        lo, hi = waited[0], waited[-1]
-        dn = hi["n"] - lo["n"]
-        client_kb = (hi["wait"]["client_rss_mb"] - hi["hold"]["client_rss_mb"]) * 1024 / hi["n"]
-        etcd_kb = (hi["wait"]["etcd_rss_mb"] - hi["hold"]["etcd_rss_mb"]) * 1024 / hi["n"]
-        held_kb = (hi["hold"]["client_rss_mb"] - lo["hold"]["client_rss_mb"]) * 1024 / dn
-        parts += [
-            f"Memory per held lock in the client ≈ {held_kb:.1f} KB; per queued waiter ≈ "
-            f"{client_kb:.0f} KB in the client and ≈ {etcd_kb:.0f} KB in etcd (each waiter "
-            f"opens its own gRPC watch stream; N = {hi['n']:,}).",
-            "",
-        ]
-    ka = data.get("keepalive_cost")
-    if ka:
-        base = by_n[min(by_n)]["hold"]["etcd_cpu_pct"] if by_n else 0.0
-        per = (ka["etcd_cpu_pct"] - base) / 100 / ka["keepalives_per_s"] * 1e6
-        parts += [
-            f"Keepalive cost: {ka['sessions']} sessions of TTL {ka['ttl']} s on one client "
-            f"sent {ka['keepalives_per_s']:.0f} keepalives/s; etcd used "
-            f"{ka['etcd_cpu_pct']:.1f} % of a core (idle baseline {base:.1f} %), i.e. ≈ "
-            f"{per:.0f} µs of etcd CPU per keepalive; the client used "
-            f"{ka['client_cpu_pct']:.1f} % (≈ "
-            f"{ka['client_cpu_pct'] / 100 / ka['keepalives_per_s'] * 1e6:.0f} µs each). "
-            f"Sessions expired meanwhile: {ka['expired']}.",
-            "",
-        ]
-    growth = data.get("db_growth")
-    if growth:
-        parts += [
-            f"etcd database growth before compaction ({growth['k']:,} operations each): "
-            f"{growth['bytes_per_guarded_write']:.0f} B per guarded write (64-byte value), "
-            f"{growth['bytes_per_term']:.0f} B per term (campaign + resign, 2 revisions); "
-            f"{growth['in_use_before_mb']} MB in use → {growth['in_use_after_compact_defrag_mb']}"
-            " MB after compaction and defragmentation.",
-            "",
-        ]
-    top = by_n.get(10000) or by_n[max(by_n)]
-    h = top["hold"]
-    ok = (
-        top["keepalive_streams_opened"] == 1
-        and not h["requests_while_idle"]
-        and h["client_cpu_pct"] < 1.0
-    )
+    parts += _memory_per_waiter([r for r in res if "wait" in r])
+    parts += _keepalive_cost(data.get("keepalive_cost"), by_n)
+    parts += _db_growth(data.get("db_growth"))
     parts += _many_locks(part, data.get("many_locks"))
-    part.add(
-        "hold",
-        f"{top['n']:,} locks on one session: one keepalive stream, idle CPU < 1 %",
-        f"{top['keepalive_streams_opened']} stream, {h['keepalives_per_s']:.2f} keepalives/s, "
-        f"RPCs while idle: {h['requests_while_idle'] or 'none'}, CPU {h['client_cpu_pct']:.2f} %",
-        ok,
-        "1 stream, < 1 %",
-    )
+    _hold_target(part, by_n)
     part.section = "\n".join(parts)
     part.findings = FINDINGS
     return part

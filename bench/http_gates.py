@@ -22,10 +22,10 @@ per-round throughput):
   Here the server, HTTP parsing and the client dominate and the machine's noise shows in
   the wall-clock rate; the server process's CPU time per request is reported beside it.
 
-    python bench/http_gates.py [--quick] [--n 5000] [--rounds 15] [--render-only]
+    python -m bench.http_gates [--quick] [--n 5000] [--rounds 15] [--render-only]
 
-(The topic is ``http_gates``, not ``http``: a ``bench/http.py`` would shadow the standard
-library's ``http`` package for every script in ``bench/``.)
+(The topic is ``http_gates``, not ``http``: a name that reads as the standard library's
+``http`` package, and shadowed it in the days ``bench/`` ran as scripts.)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import sys
 import time
 from typing import Any
 
-from _common import (
+from bench._common import (
     ROOT,
     Json,
     Part,
@@ -185,7 +185,9 @@ def end_to_end(n: int, rounds: int) -> Json:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port)], env=python_child_env(), cwd=ROOT
+        [sys.executable, "-m", "bench.http_gates", "--serve", str(port)],
+        env=python_child_env(),
+        cwd=ROOT,
     )
     try:
         base = f"http://127.0.0.1:{port}"

@@ -18,7 +18,7 @@ always 0), ``--runs`` each:
 What the (token, epoch) guard costs next to a plain write is measured with every other
 guarded write in the throughput topic.
 
-    python bench/ordering.py [--quick] [--runs 20] [--partition 2.5] [--render-only]
+    python -m bench.ordering [--quick] [--runs 20] [--partition 2.5] [--render-only]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import Json, Part, Stopwatch, md_table, run_topic, save_data, topic_args
+from bench._common import Json, Part, Stopwatch, md_table, run_topic, save_data, topic_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # chaos scenarios
 

@@ -1,12 +1,12 @@
 """What does fencing cost a Redis write? ``RedisFence.put`` (one EVALSHA: check the mark,
 raise it, SET) vs a plain ``SET``, sync and asyncio, measured side by side.
 
-    python bench/redisfence.py             # --n 20000 writes per side and mode
-    python bench/redisfence.py --quick     # --n 4000 (make bench QUICK=1 TOPICS=redisfence)
-    python bench/redisfence.py --address 127.0.0.1:6379 --render-only
+    python -m bench.redisfence             # --n 20000 writes per side and mode
+    python -m bench.redisfence --quick     # --n 4000 (make bench QUICK=1 TOPICS=redisfence)
+    python -m bench.redisfence --address 127.0.0.1:6379 --render-only
 
-(Not ``bench/redis.py``: with ``bench/`` first on ``sys.path`` that name would shadow the
-``redis`` package, for this script and for mypy.)
+(The topic is ``redisfence``, not ``redis``: a name that reads as the ``redis`` package,
+and shadowed it in the days ``bench/`` ran as scripts.)
 
 * sync: one client, one connection, one write after the other (latency-bound);
 * async: 64 writes in flight (64 tasks on one ``redis.asyncio`` client, 64 pooled
@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from _common import Json, Part, Stopwatch, md_table, ratio, run_topic, save_data, topic_args
+from bench._common import Json, Part, Stopwatch, md_table, ratio, run_topic, save_data, topic_args
 
 ADDRESS = "127.0.0.1:6379"
 TARGET = 0.8
@@ -107,7 +107,7 @@ def bench_sync(address: str, n: int, batch: int, tag: str) -> Result:
         run("plain", min(200, n))
         return _result("sync", 1, n, _alternate(run, n, batch))
     finally:
-        client.delete(fence.key, key)
+        client.delete(fence.key, fence.version_key, key)
         client.close()
 
 
@@ -143,7 +143,7 @@ def bench_async(address: str, n: int, batch: int, tag: str) -> Result:
         run("plain", min(2000, n))
         return _result("async", IN_FLIGHT, n, _alternate(run, n, batch))
     finally:
-        loop.run_until_complete(client.delete(fence.key, *keys))
+        loop.run_until_complete(client.delete(fence.key, fence.version_key, *keys))
         loop.run_until_complete(client.aclose())
         loop.close()
 

@@ -8,7 +8,7 @@ header — the machine, what ran and the load around it (``results/run.json``, w
 the results directory. Run by ``make bench`` after the topics; run it alone to rebuild
 the report from the parts on disk:
 
-    python bench/report.py [--results bench/results]   # writes <results>/../REPORT.md
+    python -m bench.report [--results bench/results]   # writes <results>/../REPORT.md
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from _common import TOPICS, Json, Part, load_part, md_table, results_dir
+from bench._common import TOPICS, Json, Part, load_part, md_table, results_dir
 
 
 def _header(run: Json | None) -> list[str]:

@@ -1,12 +1,12 @@
 """`make bench`: measure and render every topic, each in its own process with its own
 etcd, then assemble ``bench/REPORT.md`` (``bench/report.py``).
 
-    python bench/run_all.py                          # every topic, ≲ 10 min on 2 cores
-    python bench/run_all.py --quick                  # fewer rounds and sizes (or QUICK=1)
-    python bench/run_all.py --topics drain,handoff   # a subset (or TOPICS=drain,handoff);
+    python -m bench.run_all                          # every topic, ≲ 10 min on 2 cores
+    python -m bench.run_all --quick                  # fewer rounds and sizes (or QUICK=1)
+    python -m bench.run_all --topics drain,handoff   # a subset (or TOPICS=drain,handoff);
                                                      # the other topics' parts stay
-    python bench/run_all.py --render-only            # redraw every part from its raw data
-    python bench/run_all.py --report-only            # only reassemble the report
+    python -m bench.run_all --render-only            # redraw every part from its raw data
+    python -m bench.run_all --report-only            # only reassemble the report
 
 ``make bench QUICK=1 TOPICS=drain,handoff`` passes both. Each topic writes
 ``bench/results/<topic>.json`` (raw), ``<topic>.part.json`` (rendered) and its plots;
@@ -24,14 +24,14 @@ import sys
 import time
 from pathlib import Path
 
-from _common import HERE, TOPICS, loadavg, results_dir
+from bench._common import ROOT, TOPICS, loadavg, python_child_env, results_dir
 
 
 def run(topic: str, args: list[str]) -> dict[str, object]:
     entry: dict[str, object] = {"topic": topic, "args": args, "load_before": loadavg()}
     print(f"\n# ===== {topic}.py {' '.join(args)}", flush=True)
     started = time.monotonic()
-    code = subprocess.call([sys.executable, str(HERE / f"{topic}.py"), *args])
+    code = _module(f"bench.{topic}", *args)
     entry.update(
         status="ok" if code == 0 else f"failed (exit {code})",
         seconds=round(time.monotonic() - started, 1),
@@ -39,6 +39,11 @@ def run(topic: str, args: list[str]) -> dict[str, object]:
     )
     print(f"# ----- {topic}.py: {entry['status']} in {entry['seconds']} s", flush=True)
     return entry
+
+
+def _module(name: str, *args: str) -> int:
+    """Run ``python -m <name> <args>`` from the checkout's root; its exit status."""
+    return subprocess.call([sys.executable, "-m", name, *args], cwd=ROOT, env=python_child_env())
 
 
 def record(out: Path, entries: list[dict[str, object]], quick: bool, seconds: float) -> None:
@@ -86,7 +91,7 @@ def main() -> int:
         if not args.render_only:
             record(results_dir(), entries, quick, time.monotonic() - started)
     print("\n# ===== report.py", flush=True)
-    failed |= subprocess.call([sys.executable, str(HERE / "report.py")]) != 0
+    failed |= _module("bench.report") != 0
     print(f"# total {time.monotonic() - started:.0f} s", flush=True)
     return 1 if failed else 0
 

@@ -17,7 +17,7 @@ default TTL 60; drains at N = 5 … 10,000; TTL 3 at the N where the keepalive r
 (N renewals per second at TTL 3) meets what one Python gRPC stream carries, with the
 raw floor measured beside it; and the sync twin with N waiter threads.
 
-    python bench/scale.py [--quick] [--render-only]
+    python -m bench.scale [--quick] [--render-only]
 """
 
 from __future__ import annotations
@@ -35,12 +35,15 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from _common import (
+import etcdfence as ef
+from bench._common import (
+    ROOT,
     Json,
     Part,
     Stopwatch,
     cpu_seconds,
     md_table,
+    python_child_env,
     quiet,
     rss_bytes,
     run_topic,
@@ -49,8 +52,6 @@ from _common import (
     start_etcd,
     topic_args,
 )
-
-import etcdfence as ef
 from etcdfence._wire import messages as m
 
 NAME = "scale/crowd"
@@ -150,8 +151,16 @@ async def _drain(
 def crowd(n: int, ttl: int, *, idle: float = 5.0, drain: bool = True) -> Json:
     """One run in a fresh process on a fresh etcd (see the module docstring): memory
     and CPU figures are the run's own, not what earlier runs left in the allocator."""
-    args = [sys.executable, __file__, "--child", json.dumps([n, ttl, idle, drain])]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900, check=False)
+    args = [sys.executable, "-m", "bench.scale", "--child", json.dumps([n, ttl, idle, drain])]
+    done = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=ROOT,
+        env=python_child_env(),
+    )
     if done.returncode != 0:
         raise RuntimeError(f"crowd run {n}/{ttl} failed:\n{done.stderr[-2000:]}")
     got: Json = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,9 +1,9 @@
 """What does fencing cost a SQL write? ``SQLFence.guarded`` insert vs the same insert
 in a plain transaction, per dialect, measured side by side.
 
-    python bench/sql.py                 # sqlite, postgresql, mariadb; --n 1000 per side
-    python bench/sql.py --n 5000 --dialects postgresql
-    python bench/sql.py --render-only
+    python -m bench.sql                 # sqlite, postgresql, mariadb; --n 1000 per side
+    python -m bench.sql --n 5000 --dialects postgresql
+    python -m bench.sql --render-only
 
 Batches of guarded and plain inserts alternate (AB BA AB ...) on the same connection
 and table, so drift (autovacuum, checkpoints, CPU frequency) hits both sides alike.
@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from _common import Json, Part, Stopwatch, md_table, ratio, run_topic, save_data, topic_args
-
+from bench._common import Json, Part, Stopwatch, md_table, ratio, run_topic, save_data, topic_args
 from etcdfence.sql import SQLFence
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
@@ -79,13 +78,13 @@ def bench(dialect: str, conn: Any, n: int, batch: int) -> Result:
     cur = conn.cursor()
     cur.execute(f"CREATE TABLE {data} ({idcol}, payload VARCHAR(64) NOT NULL){tail}")
     conn.commit()
-    fence = SQLFence(conn, table=fences)
+    fence = SQLFence(conn, "bench/orders", table=fences)
     fence.ensure_schema()
     insert = f"INSERT INTO {data} (payload) VALUES ({p})"
     token = 1_000_000
 
     def guarded() -> None:
-        with fence.guarded("bench/orders", token) as c:
+        with fence.guarded(token) as c:
             c.execute(insert, ("guarded",))
 
     def plain() -> None:

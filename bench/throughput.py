@@ -23,7 +23,7 @@ process's CPU seconds per slice give the CPU cost per write on both sides.
 
 Run against a durable etcd and against ``--unsafe-no-fsync``.
 
-    python bench/throughput.py [--quick] [--rounds 7] [--slice 0.3] [--render-only]
+    python -m bench.throughput [--quick] [--rounds 7] [--slice 0.3] [--render-only]
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from _common import (
+
+import etcdfence as ef
+from bench._common import (
     MODE_TEXT,
     Json,
     Part,
@@ -49,14 +51,13 @@ from _common import (
     median,
     pyplot,
     ratio,
+    real_token,
     run_topic,
     save_data,
     save_plot,
     start_etcd,
     topic_args,
 )
-
-import etcdfence as ef
 from etcdfence import _txn
 from etcdfence._wire import messages as m
 
@@ -65,7 +66,6 @@ ASYNC = ("raw grpc.aio", "raw grpc.aio guard txn", "async plain", "async guarded
 SYNC = ("raw grpc (threads)", "raw grpc guard txn (threads)", "sync plain", "sync guarded")
 CONTENDERS = ASYNC + SYNC
 VALUE = b"x" * 64
-TOKEN = ef.FencingToken(10**12)  # far above any revision: always accepted
 PUT = "/etcdserverpb.KV/Put"
 TXN = "/etcdserverpb.KV/Txn"
 
@@ -99,6 +99,8 @@ class Bench:
             response_deserializer=m.TxnResponse.FromString,
         )
         n = max(LEVELS)
+        # one real lock token for every guard: each writes as its own term's holder
+        self.token = real_token(endpoint)
         self.aguards = [self.aclient.fence(f"bench/r{w}") for w in range(n)]
         self.guards = [self.client.fence(f"bench/r{w}") for w in range(n)]
         self.keys = [f"bench/k{w}".encode() for w in range(n)]
@@ -109,7 +111,8 @@ class Bench:
 
     def guard_txn(self, w: int) -> Any:
         """The txn ``guard.put`` sends, built by the library's own pure builder."""
-        return _txn.fence_txn(self.fence_keys[w], TOKEN.value, [_txn.op_put(self.keys[w], VALUE)])
+        ops = [_txn.op_put(self.keys[w], VALUE)]
+        return _txn.fence_txn(self.fence_keys[w], self.token.value, ops)
 
     def async_op(self, name: str) -> Callable[[int], Awaitable[Any]]:
         if name == "raw grpc.aio":
@@ -118,7 +121,7 @@ class Bench:
             return lambda w: self.araw_txn(self.guard_txn(w), timeout=5)
         if name == "async plain":
             return lambda w: self.aclient.put(self.keys[w], VALUE)
-        return lambda w: self.aguards[w].put(TOKEN, self.keys[w], VALUE)
+        return lambda w: self.aguards[w].put(self.token, self.keys[w], VALUE)
 
     def sync_op(self, name: str) -> Callable[[int], Any]:
         if name == "raw grpc (threads)":
@@ -127,7 +130,7 @@ class Bench:
             return lambda w: self.raw_txn(self.guard_txn(w), timeout=5)
         if name == "sync plain":
             return lambda w: self.client.put(self.keys[w], VALUE)
-        return lambda w: self.guards[w].put(TOKEN, self.keys[w], VALUE)
+        return lambda w: self.guards[w].put(self.token, self.keys[w], VALUE)
 
     # -- one time slice ------------------------------------------------------------------
 
@@ -254,17 +257,9 @@ COLORS = {
 }
 
 
-def render(data: Json) -> Part:
-    """The throughput section: curves, ratio curves, tables, CPU per write, targets."""
-    part = Part(
-        "throughput",
-        "Guarded vs plain write throughput vs concurrency",
-        "",
-        machine=data.get("machine"),
-    )
-    levels = data["levels"]
-    modes = list(data["modes"])
-    names = data["contenders"]
+def _curves(data: Json) -> str:
+    """Writes/s vs writes in flight, one panel per API (async, sync) and etcd mode."""
+    levels, modes, names = data["levels"], list(data["modes"]), data["contenders"]
     fig, axes = pyplot().subplots(len(modes), 2, figsize=(11, 3.8 * len(modes)), squeeze=False)
     for row, mode in zip(axes, modes, strict=True):
         for ax, group in zip(row, ("async", "sync"), strict=True):
@@ -282,77 +277,105 @@ def render(data: Json) -> Part:
                     color=COLORS[name],
                     linestyle=":" if dashed else "-",
                 )
-            ax.set(
-                xscale="log",
-                xlabel="writes in flight",
-                ylabel="writes/s (median)",
-                title=f"{group}, {MODE_TEXT[mode]}",
-            )
-            ax.set_xticks(levels, [str(c) for c in levels])
+            _log_levels(ax, levels, "writes/s (median)", f"{group}, {MODE_TEXT[mode]}")
             ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    png = save_plot(fig, "throughput.png")
+    return save_plot(fig, "throughput.png")
 
+
+def _log_levels(ax: Any, levels: list[int], ylabel: str, title: str) -> None:
+    """A log x axis of the in-flight levels, labelled as plain numbers, with a grid."""
+    ax.set(xscale="log", xlabel="writes in flight", ylabel=ylabel, title=title)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.grid(alpha=0.3)
+
+
+#: The ratio curves: (numerator, denominator, line style, colour).
+RATIO_CURVES = (
+    ("async guarded", "async plain", "o-", "tab:blue"),
+    ("sync guarded", "sync plain", "s-", "tab:green"),
+    ("async guarded", "raw grpc.aio", "o--", "black"),
+    ("async guarded", "raw grpc.aio guard txn", "o:", "tab:gray"),
+    ("sync guarded", "raw grpc guard txn (threads)", "s:", "tab:olive"),
+)
+
+
+def _ratio_label(a: str, b: str) -> str:
+    return f"{a} / {b} put" if b == "raw grpc.aio" else f"{a} / {b}"
+
+
+def _ratios(data: Json) -> str:
+    """Guarded ÷ plain (and ÷ the bare gRPC contenders) vs writes in flight, per mode."""
+    levels, modes = data["levels"], list(data["modes"])
     fig, axes = pyplot().subplots(1, len(modes), figsize=(5.5 * len(modes), 4), squeeze=False)
     for ax, mode in zip(axes[0], modes, strict=True):
         lv = data["modes"][mode]
-
-        def r(a: str, b: str, lv: Json = lv) -> list[float]:
-            return [
+        for a, b, style, color in RATIO_CURVES:
+            ys = [
                 lv[str(c)][a]["median_ops_per_s"] / lv[str(c)][b]["median_ops_per_s"]
                 for c in levels
             ]
-
-        ax.plot(
-            levels,
-            r("async guarded", "async plain"),
-            "o-",
-            color="tab:blue",
-            label="async guarded / async plain",
-        )
-        ax.plot(
-            levels,
-            r("sync guarded", "sync plain"),
-            "s-",
-            color="tab:green",
-            label="sync guarded / sync plain",
-        )
-        ax.plot(
-            levels,
-            r("async guarded", "raw grpc.aio"),
-            "o--",
-            color="black",
-            label="async guarded / raw grpc.aio put",
-        )
-        ax.plot(
-            levels,
-            r("async guarded", "raw grpc.aio guard txn"),
-            "o:",
-            color="tab:gray",
-            label="async guarded / raw grpc.aio guard txn",
-        )
-        ax.plot(
-            levels,
-            r("sync guarded", "raw grpc guard txn (threads)"),
-            "s:",
-            color="tab:olive",
-            label="sync guarded / raw grpc guard txn (threads)",
-        )
+            ax.plot(levels, ys, style, color=color, label=_ratio_label(a, b))
         for y in (0.8, 0.9):
             ax.axhline(y, color="tab:red", linewidth=0.8, alpha=0.6)
-        ax.set(
-            xscale="log",
-            xlabel="writes in flight",
-            ylabel="ratio of medians",
-            title=f"Ratios, {MODE_TEXT[mode]}",
-        )
-        ax.set_xticks(levels, [str(c) for c in levels])
+        _log_levels(ax, levels, "ratio of medians", f"Ratios, {MODE_TEXT[mode]}")
         ax.set_ylim(0, 1.4)
-        ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower left")
-    png_ratio = save_plot(fig, "throughput_ratio.png")
+    return save_plot(fig, "throughput_ratio.png")
 
+
+def _mode_tables(mode: str, lv: Json, levels: list[int], names: list[str]) -> list[str]:
+    """One etcd mode's writes/s table and, when measured, its CPU per write at 64."""
+    rows = [[str(c)] + [f"{lv[str(c)][n]['median_ops_per_s']:.0f}" for n in names] for c in levels]
+    out = [f"**{MODE_TEXT[mode]}** — writes/s", "", md_table(["in flight", *names], rows), ""]
+    c64 = lv.get("64")
+    if c64 is not None:
+        rows = []
+        for n in names:
+            etcd_us = c64[n]["median_etcd_cpu_us_per_op"]
+            client_us = c64[n]["median_client_cpu_us_per_op"]
+            rows.append([n, f"{etcd_us:.0f}", f"{client_us:.0f}", f"{etcd_us + client_us:.0f}"])
+        out += [
+            f"CPU per write at 64 in flight ({mode}), µs (etcd and client share 2 cores):",
+            "",
+            md_table(["contender", "etcd µs/write", "client µs/write", "sum"], rows),
+            "",
+        ]
+    return out
+
+
+def _mode_targets(part: Part, mode: str, lv: Json) -> None:
+    """One etcd mode's rows of the targets table (1 and 64 in flight)."""
+
+    def med(c: int, n: str) -> float:
+        value: float = lv[str(c)][n]["median_ops_per_s"]
+        return value
+
+    sync64 = ratio(med(64, "sync guarded") / med(64, "sync plain"))
+    txn64 = ratio(med(64, "async guarded") / med(64, "raw grpc.aio guard txn"))
+    rows = (  # key, what, guarded, plain, in flight, goal, what else to show
+        ("sync", "guarded/plain, sync, 1 in flight", "sync guarded", "sync plain", 1, 0.9, ""),
+        ("c64", "guarded/plain, 64 in flight, async", "async guarded", "async plain", 64, 0.8,
+         f"; sync {sync64}"),
+        ("raw", "async guarded / raw grpc.aio put, 64 in flight", "async guarded",
+         "raw grpc.aio", 64, 0.8, f"; vs raw guard txn {txn64}"),
+    )  # fmt: skip
+    for key, what, a, b, c, goal, more in rows:
+        r = med(c, a) / med(c, b)
+        part.add(
+            key,
+            f"{what} ({mode})",
+            f"{ratio(r)} ({med(c, a):.0f} vs {med(c, b):.0f}/s{more})",
+            r >= goal,
+            f"≥ {goal}×",
+        )
+
+
+def render(data: Json) -> Part:
+    """The throughput section: curves, ratio curves, tables, CPU per write, targets."""
+    title = "Guarded vs plain write throughput vs concurrency"
+    part = Part("throughput", title, "", machine=data.get("machine"))
+    png, png_ratio = _curves(data), _ratios(data)
     parts = [
         f"![throughput]({png})",
         "",
@@ -370,66 +393,90 @@ def render(data: Json) -> Part:
         "slice.",
         "",
     ]
-    for mode in modes:
-        lv = data["modes"][mode]
-        rows = [
-            [str(c)] + [f"{lv[str(c)][n]['median_ops_per_s']:.0f}" for n in names] for c in levels
-        ]
-        parts += [
-            f"**{MODE_TEXT[mode]}** — writes/s",
-            "",
-            md_table(["in flight", *names], rows),
-            "",
-        ]
-        c64 = lv.get("64")
-        if c64 is not None:
-            rows = []
-            for n in names:
-                etcd_us = c64[n]["median_etcd_cpu_us_per_op"]
-                client_us = c64[n]["median_client_cpu_us_per_op"]
-                rows.append([n, f"{etcd_us:.0f}", f"{client_us:.0f}", f"{etcd_us + client_us:.0f}"])
-            parts += [
-                f"CPU per write at 64 in flight ({mode}), µs (etcd and client share 2 cores):",
-                "",
-                md_table(["contender", "etcd µs/write", "client µs/write", "sum"], rows),
-                "",
-            ]
-
-        def med(c: int, n: str, lv: Json = lv) -> float:
-            value: float = lv[str(c)][n]["median_ops_per_s"]
-            return value
-
-        r1 = med(1, "sync guarded") / med(1, "sync plain")
-        part.add(
-            "sync",
-            f"guarded/plain, sync, 1 in flight ({mode})",
-            f"{ratio(r1)} ({med(1, 'sync guarded'):.0f} vs {med(1, 'sync plain'):.0f}/s)",
-            r1 >= 0.9,
-            "≥ 0.9×",
-        )
-        r64 = med(64, "async guarded") / med(64, "async plain")
-        r64s = med(64, "sync guarded") / med(64, "sync plain")
-        part.add(
-            "c64",
-            f"guarded/plain, 64 in flight, async ({mode})",
-            f"{ratio(r64)} ({med(64, 'async guarded'):.0f} vs "
-            f"{med(64, 'async plain'):.0f}/s; sync {ratio(r64s)})",
-            r64 >= 0.8,
-            "≥ 0.8×",
-        )
-        raw = med(64, "async guarded") / med(64, "raw grpc.aio")
-        lib = med(64, "async guarded") / med(64, "raw grpc.aio guard txn")
-        part.add(
-            "raw",
-            f"async guarded / raw grpc.aio put, 64 in flight ({mode})",
-            f"{ratio(raw)} ({med(64, 'async guarded'):.0f} vs "
-            f"{med(64, 'raw grpc.aio'):.0f}/s; vs raw guard txn {ratio(lib)})",
-            raw >= 0.8,
-            "≥ 0.8×",
-        )
+    for mode, lv in data["modes"].items():
+        parts += _mode_tables(mode, lv, data["levels"], data["contenders"])
+        _mode_targets(part, mode, lv)
     part.section = "\n".join(parts)
     part.findings = _findings(data)
     return part
+
+
+def _mode_findings(mode: str, c64: Json) -> tuple[str, list[str]]:
+    """One etcd mode at 64 in flight: the txn's cost against a bare put, the library's
+    against the bare txn (a findings line), and the verdicts that follow from them."""
+
+    def g(n: str, k: str) -> float:
+        value: float = c64[n][k]
+        return value
+
+    raw, txn = "raw grpc.aio", "raw grpc.aio guard txn"
+    ops = "median_ops_per_s"
+    protocol = g(txn, ops) / g(raw, ops)
+    library = g("async guarded", ops) / g(txn, ops)
+    line = (
+        f"- {MODE_TEXT[mode]}, 64 in flight: a bare grpc.aio client sending the guard's "
+        f"txn gets {g(txn, ops):.0f}/s, {ratio(protocol)} of bare puts "
+        f"({g(raw, ops):.0f}/s); etcdfence's `guard.put` gets {ratio(library)} of that "
+        f"bare txn. Per write, etcd spends {g(txn, 'median_etcd_cpu_us_per_op'):.0f} µs "
+        f"on the txn vs {g(raw, 'median_etcd_cpu_us_per_op'):.0f} µs on a put, the "
+        f"client {g(txn, 'median_client_cpu_us_per_op'):.0f} vs "
+        f"{g(raw, 'median_client_cpu_us_per_op'):.0f} µs (bigger request and response); "
+        "both processes share 2 cores, so the sum decides the rate."
+    )
+    total = g("async guarded", ops) / g(raw, ops)
+    split = (
+        f"{mode}: guarded / raw put {ratio(total)} = the txn's own cost "
+        f"{ratio(protocol)} × the library's overhead {ratio(library)}"
+    )
+    if total >= 0.8:
+        verdict = split
+    elif protocol < 0.8:
+        verdict = (
+            split + " — a bare client sending the same txn is already below 0.8×, so "
+            "no Python client reaches the target here: the limit is the txn (etcd's "
+            "compare, read under the write lock and response ops, and a bigger message "
+            "for gRPC to move)"
+        )
+    else:
+        verdict = (
+            split + f" — the txn alone leaves {ratio(protocol)}, so a library overhead "
+            f"of {(1 - library) * 100:.0f} % is what stands between it and 0.8×; that "
+            "overhead is the call path profiled above (guard checks, coroutine layers, "
+            "the connection's deadline and error handling)"
+        )
+    sync_async = g("sync plain", "median_client_cpu_us_per_op") / g(
+        "async plain", "median_client_cpu_us_per_op"
+    )
+    threads = (
+        f"{mode}: at 64 threads the sync client spends {ratio(sync_async)} the CPU per "
+        "write of the asyncio client (the GIL and a thread per call)"
+    )
+    return line, [verdict, threads]
+
+
+PROFILE = (
+    "Profile (py-spy, 64 async guarded writes in flight, `--unsafe-no-fsync`): the "
+    "client's time goes to grpc.aio's call machinery (`UnaryUnaryCall._invoke` and "
+    "`__init__`, ~30 % of samples) and asyncio scheduling; building the guard txn "
+    "(`_txn.fence_txn`: a compare, a range and two puts as nested protobuf messages) "
+    "was ~7 % — 5.2 µs per write against 0.6 µs for a `PutRequest` — and the guard's "
+    "own checks (token, ops, key) ~1.5 µs. `AsyncClient.put` runs level with a bare "
+    "grpc.aio put, so the connection layer costs nothing measurable."
+)
+
+CHANGED = (
+    "**Changed** (`etcdfence/_txn.py`, `fence_txn`): the txn is now built in place "
+    "with `add()` on its repeated fields instead of constructing nested messages and "
+    "passing them to their parents, which copied each one: 5.2 → 2.2 µs per guarded "
+    "write (9.8 → 3.4 µs with `require_owner=True`), sync and asyncio alike; the "
+    "bytes on the wire are identical (checked over 72 combinations of key, token, "
+    "ops and owner, on protobuf 7.36 and 5.27). That is ~2–3 % of a guarded write's "
+    "total CPU here. Tried, not kept: a txn that skips re-writing an unchanged mark "
+    "(`If(value(mark) == token) Then(Put(data)) Else(<the guard txn>)`) — etcd's CPU "
+    "per write did not drop (66 vs 64 µs): the cost is the txn machinery, not the "
+    "second put. Registering the gRPC methods (`_registered_method=True`) changed "
+    "nothing measurable either."
+)
 
 
 def _findings(thr: Json) -> str:
@@ -439,74 +486,14 @@ def _findings(thr: Json) -> str:
         c64 = lv.get("64")
         if c64 is None:
             continue
-
-        def g(n: str, k: str, c64: Json = c64) -> float:
-            value: float = c64[n][k]
-            return value
-
-        raw, txn = "raw grpc.aio", "raw grpc.aio guard txn"
-        ops = "median_ops_per_s"
-        protocol = g(txn, ops) / g(raw, ops)
-        library = g("async guarded", ops) / g(txn, ops)
-        lines.append(
-            f"- {MODE_TEXT[mode]}, 64 in flight: a bare grpc.aio client sending the guard's "
-            f"txn gets {g(txn, ops):.0f}/s, {ratio(protocol)} of bare puts "
-            f"({g(raw, ops):.0f}/s); etcdfence's `guard.put` gets {ratio(library)} of that "
-            f"bare txn. Per write, etcd spends {g(txn, 'median_etcd_cpu_us_per_op'):.0f} µs "
-            f"on the txn vs {g(raw, 'median_etcd_cpu_us_per_op'):.0f} µs on a put, the "
-            f"client {g(txn, 'median_client_cpu_us_per_op'):.0f} vs "
-            f"{g(raw, 'median_client_cpu_us_per_op'):.0f} µs (bigger request and response); "
-            "both processes share 2 cores, so the sum decides the rate."
-        )
-        total = g("async guarded", ops) / g(raw, ops)
-        split = (
-            f"{mode}: guarded / raw put {ratio(total)} = the txn's own cost "
-            f"{ratio(protocol)} × the library's overhead {ratio(library)}"
-        )
-        if total >= 0.8:
-            verdicts.append(split)
-        elif protocol < 0.8:
-            verdicts.append(
-                split + " — a bare client sending the same txn is already below 0.8×, so "
-                "no Python client reaches the target here: the limit is the txn (etcd's "
-                "compare, read under the write lock and response ops, and a bigger message "
-                "for gRPC to move)"
-            )
-        else:
-            verdicts.append(
-                split + f" — the txn alone leaves {ratio(protocol)}, so a library overhead "
-                f"of {(1 - library) * 100:.0f} % is what stands between it and 0.8×; that "
-                "overhead is the call path profiled above (guard checks, coroutine layers, "
-                "the connection's deadline and error handling)"
-            )
-        sync_async = g("sync plain", "median_client_cpu_us_per_op") / g(
-            "async plain", "median_client_cpu_us_per_op"
-        )
-        verdicts.append(
-            f"{mode}: at 64 threads the sync client spends {ratio(sync_async)} the CPU per "
-            "write of the asyncio client (the GIL and a thread per call)"
-        )
+        line, more = _mode_findings(mode, c64)
+        lines.append(line)
+        verdicts += more
     lines += [
         "",
-        "Profile (py-spy, 64 async guarded writes in flight, `--unsafe-no-fsync`): the "
-        "client's time goes to grpc.aio's call machinery (`UnaryUnaryCall._invoke` and "
-        "`__init__`, ~30 % of samples) and asyncio scheduling; building the guard txn "
-        "(`_txn.fence_txn`: a compare, a range and two puts as nested protobuf messages) "
-        "was ~7 % — 5.2 µs per write against 0.6 µs for a `PutRequest` — and the guard's "
-        "own checks (token, ops, key) ~1.5 µs. `AsyncClient.put` runs level with a bare "
-        "grpc.aio put, so the connection layer costs nothing measurable.",
+        PROFILE,
         "",
-        "**Changed** (`etcdfence/_txn.py`, `fence_txn`): the txn is now built in place "
-        "with `add()` on its repeated fields instead of constructing nested messages and "
-        "passing them to their parents, which copied each one: 5.2 → 2.2 µs per guarded "
-        "write (9.8 → 3.4 µs with `require_owner=True`), sync and asyncio alike; the "
-        "bytes on the wire are identical (checked over 72 combinations of key, token, "
-        "ops and owner, on protobuf 7.36 and 5.27). That is ~2–3 % of a guarded write's "
-        "total CPU here. Tried, not kept: a txn that skips re-writing an unchanged mark "
-        "(`If(value(mark) == token) Then(Put(data)) Else(<the guard txn>)`) — etcd's CPU "
-        "per write did not drop (66 vs 64 µs): the cost is the txn machinery, not the "
-        "second put. Registering the gRPC methods (`_registered_method=True`) changed "
-        "nothing measurable either.",
+        CHANGED,
         "",
         "In this run: " + "; ".join(verdicts) + ". Use the asyncio API for many concurrent "
         "writers. On a real disk, where an fsync costs 1–10 ms instead of well under a "

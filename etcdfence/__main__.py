@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from .cli import main
+from ._early_signals import install as _install_early_signals
+
+_install_early_signals()  # first: a signal during the imports below is recorded, not fatal
+
+from .cli import main  # noqa: E402
+
+
+def entry() -> int:
+    """The ``etcdfence`` script (its handlers were installed on this module's import)."""
+    return main()
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from . import _primitives
 from .errors import InvalidTypeError
 
 T = TypeVar("T")
@@ -36,6 +37,10 @@ T = TypeVar("T")
 # --- shared by both sides -------------------------------------------------------------
 
 monotonic = time.monotonic
+
+# Sleeping and locks live in _primitives.py (no gRPC there: the fence engine uses them).
+asleep = _primitives.asleep
+sleep = _primitives.sleep
 
 # --- plain types --------------------------------------------------------------------
 
@@ -45,8 +50,8 @@ IS_ASYNC = False
 AEvent = asyncio.Event
 Event = threading.Event
 
-ALock = asyncio.Lock
-Lock = threading.Lock
+ALock = _primitives.ALock
+Lock = _primitives.Lock
 
 AQueue = asyncio.Queue
 Queue = _queue.Queue
@@ -201,16 +206,6 @@ def uncancellable(work: T) -> T:
 
 
 # --- waiting ------------------------------------------------------------------------
-
-
-async def asleep(seconds: float) -> None:
-    """Sleep ``seconds`` (a negative duration returns at once)."""
-    await asyncio.sleep(max(0.0, seconds))
-
-
-def sleep(seconds: float) -> None:
-    """Sleep ``seconds`` (a negative duration returns at once)."""
-    time.sleep(max(0.0, seconds))
 
 
 async def await_event(event: asyncio.Event, timeout: float | None) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from . import metrics
 
@@ -27,19 +28,34 @@ def expiry_reason(session_reason: str | None) -> str:
     return "expired"
 
 
+def _always() -> bool:
+    return True
+
+
 class Hold:
     """Reports a hold's start now and its end once (see the module docstring)."""
 
     __slots__ = ("_ended", "_guard", "kind", "name", "started", "token")
 
-    def __init__(self, kind: str, name: str, token: int, key: str, waited: float) -> None:
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        token: int,
+        key: str,
+        waited: float,
+        alive: Callable[[], bool] | None = None,
+    ) -> None:
+        """``alive()``: whether the holder's session still holds (its one answer, the
+        deadline compared with the clock now); the held gauge asks it when scraped."""
         self.kind = kind
         self.name = name
         self.token = token
         self.started = time.monotonic()
         self._ended = False
         self._guard = threading.Lock()
-        metrics.hold_started(kind, name, token, key, waited)
+        check: Callable[[], bool] = alive if alive is not None else _always
+        metrics.hold_started(kind, name, token, key, waited, lambda: not self._ended and check())
 
     @property
     def ended(self) -> bool:

@@ -8,6 +8,7 @@ the owner is the key under ``name/`` with the lowest create revision.
 from __future__ import annotations
 
 import math
+import urllib.parse
 
 from .errors import InvalidArgumentError, InvalidTypeError
 
@@ -42,6 +43,21 @@ def validate_name(name: object, what: str = "name") -> str:
     return name
 
 
+def validate_group_name(name: object) -> str:
+    """Check a group name: a :func:`validate_name` without a ``members`` segment before
+    its last (``a/members/b``, ``a/members``): such a group's keys would lie inside
+    group ``a``'s member prefix ``a/members/``."""
+    name = validate_name(name, "group name")
+    segments = name.split("/")
+    if "members" in segments[1:]:
+        head = "/".join(segments[: segments.index("members", 1)])
+        raise InvalidArgumentError(
+            f"group name {name!r} has a 'members' segment after the first: its keys would "
+            f"lie among the members of group {head!r}; use another segment name"
+        )
+    return name
+
+
 def validate_timeout(timeout: object, what: str = "timeout") -> float | None:
     """Check a wait's ``timeout``: ``None`` (wait forever) or a finite number >= 0."""
     if timeout is None:
@@ -51,6 +67,19 @@ def validate_timeout(timeout: object, what: str = "timeout") -> float | None:
     if not math.isfinite(timeout) or timeout < 0:
         raise InvalidArgumentError(f"{what} must be None or a finite number >= 0, got {timeout!r}")
     return float(timeout)
+
+
+#: The largest lease ID etcd takes (an int64).
+MAX_LEASE_ID = 2**63 - 1
+
+
+def check_lease_id(lease_id: object) -> int:
+    """An etcd lease ID given by the caller: an int in 0..2**63-1 (0: no lease)."""
+    if isinstance(lease_id, bool) or not isinstance(lease_id, int):
+        raise InvalidTypeError(f"lease_id must be int, got {type(lease_id).__name__}")
+    if not 0 <= lease_id <= MAX_LEASE_ID:
+        raise InvalidArgumentError(f"lease_id must be in 0..2**63-1, got {lease_id}")
+    return lease_id
 
 
 def to_bytes(data: object, what: str = "key") -> bytes:
@@ -83,6 +112,31 @@ def contender_prefix(name: str) -> str:
 def contender_key(name: str, lease_id: int) -> str:
     """The key a session with ``lease_id`` uses for ``name`` (Go/etcdctl layout)."""
     return f"{name}/{lease_id:x}"
+
+
+def member_segment(member_id: object) -> str:
+    """A group member id as one key segment: ``s.<percent-encoded UTF-8>`` for text,
+    ``b.<hex>`` for bytes, so ``"a"`` and ``b"a"`` are distinct members, any id
+    round-trips (:func:`member_id_of`), and no segment contains ``/``."""
+    if isinstance(member_id, str):
+        if not member_id:
+            raise InvalidArgumentError("member id must not be empty")
+        return "s." + urllib.parse.quote(to_bytes(member_id, "member id"), safe="")
+    if isinstance(member_id, (bytes, bytearray, memoryview)):
+        raw = bytes(member_id)
+        if not raw:
+            raise InvalidArgumentError("member id must not be empty")
+        return "b." + raw.hex()
+    raise InvalidTypeError(f"member id must be str or bytes, got {type(member_id).__name__}")
+
+
+def member_id_of(segment: str) -> str | bytes:
+    """The member id a :func:`member_segment` stands for."""
+    if segment.startswith("b."):
+        return bytes.fromhex(segment[2:])
+    if not segment.startswith("s."):  # not written by etcdfence
+        raise InvalidArgumentError(f"not a member id segment: {segment!r}")
+    return urllib.parse.unquote(segment[2:], errors="strict")
 
 
 def prefix_range_end(prefix: bytes) -> bytes:
@@ -127,8 +181,13 @@ def decode_mark_epoch(raw: bytes) -> tuple[int, int]:
     """Parse a stored mark into ``(token, epoch)``; unparseable is an error, never 0."""
     text = raw.decode("ascii", "replace").strip()
     token, sep, epoch = text.partition(":")
-    if not token.isdigit() or (sep and not (epoch.isdigit() and len(epoch) == EPOCH_WIDTH)):
-        raise InvalidArgumentError(f"fence mark is not <token>[:<epoch>] in decimal: {raw!r}")
+    # Bounded before int(): a tampered mark of thousands of digits is this error too,
+    # not the bare ValueError int() raises beyond 4,300 digits.
+    if not (token.isdigit() and len(token) <= MARK_WIDTH) or (
+        sep and not (epoch.isdigit() and len(epoch) == EPOCH_WIDTH)
+    ):
+        shown = f"{raw[:48]!r}..." if len(raw) > 48 else repr(raw)
+        raise InvalidArgumentError(f"fence mark is not <token>[:<epoch>] in decimal: {shown}")
     return int(token), int(epoch) if sep else 0
 
 

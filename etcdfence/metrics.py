@@ -20,7 +20,7 @@ Collectors (all prefixed ``etcdfence_``):
 ``etcdfence_fenced_write_seconds``     histogram  guarded write latency {resource, backend}
 ``etcdfence_fence_mark``               gauge      highest mark seen per {resource}
 ``etcdfence_stale_rejections_total``   counter    stale tokens rejected per {resource}
-``etcdfence_is_leader``                gauge      1 while this process leads {election}
+``etcdfence_is_leader``                gauge      1 while this process leads {election} (*)
 ``etcdfence_leader_token``             gauge      fencing token of the current term {election}
 ``etcdfence_leader_elected_total``     counter    terms won by this process {election}
 ``etcdfence_leader_lost_total``        counter    terms lost by this process {election}
@@ -28,12 +28,17 @@ Collectors (all prefixed ``etcdfence_``):
 ``etcdfence_leases_lost_total``        counter    sessions whose lease was lost
 ``etcdfence_lock_wait_seconds``        histogram  acquire/campaign until owned {kind, name}
 ``etcdfence_lock_hold_seconds``        histogram  owned until released or lost {kind, name}
-``etcdfence_lock_held``                gauge      1 while this process holds {kind, name}
+``etcdfence_lock_held``                gauge      1 while this process holds {kind, name} (*)
 ``etcdfence_lock_acquired_total``      counter    holds/terms won {kind, name}
 ``etcdfence_lock_released_total``      counter    holds/terms ended {kind, name, reason}
 ``etcdfence_requests_total``           counter    etcd requests {method, code}
 ``etcdfence_request_errors_total``     counter    failed etcd requests {method, code}
+``etcdfence_tasks_refused_total``      counter    fenced Celery tasks refused {task, reason}
 =====================================  =========  =====================================
+
+(*) computed when scraped, from the same answer as the holder's ``token`` and the
+session's ``expired``: past the session's local deadline it is 0 at once, even while
+the event loop or the library's threads are stalled and have not noticed the expiry.
 
 ``kind`` is ``lock`` or ``election`` (plain :class:`~etcdfence.Lock` /
 :class:`~etcdfence.Election`, and the elector's campaigns); ``reason`` is
@@ -50,6 +55,7 @@ bounded (do not put request ids or timestamps into resource names).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +77,8 @@ __all__ = [
     "log",
     "metrics_enabled",
     "record_call",
+    "task_duplicate",
+    "task_refused",
 ]
 
 #: Every collector name starts with this.
@@ -139,6 +147,7 @@ class _Collectors:
     lock_released: Any
     requests: Any
     request_errors: Any
+    tasks_refused: Any
 
 
 _lock = threading.Lock()
@@ -269,6 +278,12 @@ def _create_lock_and_call_collectors(pc: Any, registry: Any) -> dict[str, Any]:
             ["method", "code"],
             registry=registry,
         ),
+        "tasks_refused": pc.Counter(
+            p + "tasks_refused",
+            "Fenced Celery tasks refused (stale, no_token, invalid, foreign, duplicate).",
+            ["task", "reason"],
+            registry=registry,
+        ),
     }
 
 
@@ -350,13 +365,32 @@ def fence_rejected(resource: str, token: int, current: int, seconds: float, back
     m.fence_mark.labels(resource).set(current)
 
 
-def leader_elected(election: str, token: int, identity: str | None) -> None:
-    """This process won ``election``; ``token`` fences the new term."""
+def _held_gauge(child: Any, holding: Callable[[], object] | None) -> None:
+    """Make a 0/1 "held" gauge answer at scrape time: ``holding()`` is the holder's own
+    answer (its session's deadline compared with the clock *now*), so a scrape from
+    the metrics thread while the loop or the holder's threads are stalled past the
+    deadline says 0, never a stale 1 that only the (stalled) expiry path would clear.
+    ``None``: not held (0)."""
+    if holding is None:
+        child.set_function(lambda: 0.0)
+    else:
+        child.set_function(lambda: 1.0 if holding() else 0.0)
+
+
+def leader_elected(
+    election: str,
+    token: int,
+    identity: str | None,
+    leading: Callable[[], object] | None = None,
+) -> None:
+    """This process won ``election``; ``token`` fences the new term. ``leading()``
+    answers, at scrape time, whether the term still runs (default: until
+    :func:`leader_lost`)."""
     log.info("etcdfence.leader_elected", election=election, token=token, identity=identity)
     m = _active
     if m is None:
         return
-    m.is_leader.labels(election).set(1)
+    _held_gauge(m.is_leader.labels(election), (lambda: True) if leading is None else leading)
     m.leader_token.labels(election).set(token)
     m.leader_elected.labels(election).inc()
 
@@ -372,7 +406,7 @@ def leader_lost(election: str, identity: str | None, reason: str) -> None:
     m = _active
     if m is None:
         return
-    m.is_leader.labels(election).set(0)
+    _held_gauge(m.is_leader.labels(election), None)
     m.leader_lost.labels(election).inc()
 
 
@@ -408,19 +442,43 @@ LOSS_REASONS = frozenset({"expired", "revoked", "deleted"})
 _HOLD_EVENTS = {
     "lock": ("etcdfence.lock_acquired", "etcdfence.lock_released", "etcdfence.lock_lost"),
     "election": ("etcdfence.elected", "etcdfence.resigned", "etcdfence.election_lost"),
+    # the recipes: each side of a read-write lock and a semaphore permit is a hold too
+    "read_lock": (
+        "etcdfence.read_lock_acquired",
+        "etcdfence.read_lock_released",
+        "etcdfence.read_lock_lost",
+    ),
+    "write_lock": (
+        "etcdfence.write_lock_acquired",
+        "etcdfence.write_lock_released",
+        "etcdfence.write_lock_lost",
+    ),
+    "semaphore": (
+        "etcdfence.semaphore_acquired",
+        "etcdfence.semaphore_released",
+        "etcdfence.semaphore_lost",
+    ),
 }
 
 
-def hold_started(kind: str, name: str, token: int, key: str, waited: float) -> None:
+def hold_started(
+    kind: str,
+    name: str,
+    token: int,
+    key: str,
+    waited: float,
+    holding: Callable[[], object] | None = None,
+) -> None:
     """A plain lock was acquired / election won (``kind``: ``lock`` or ``election``)
-    after waiting ``waited`` seconds; ``token`` fences the hold."""
+    after waiting ``waited`` seconds; ``token`` fences the hold. ``holding()`` answers,
+    at scrape time, whether it is still held (default: until :func:`hold_ended`)."""
     event = _HOLD_EVENTS[kind][0]
     log.info(event, **{kind: name}, token=token, key=key, wait_seconds=round(waited, 6))
     m = _active
     if m is None:
         return
     m.lock_wait_seconds.labels(kind, name).observe(waited)
-    m.lock_held.labels(kind, name).set(1)
+    _held_gauge(m.lock_held.labels(kind, name), (lambda: True) if holding is None else holding)
     m.lock_acquired.labels(kind, name).inc()
 
 
@@ -438,7 +496,7 @@ def hold_ended(kind: str, name: str, token: int, held: float, reason: str) -> No
     if m is None:
         return
     m.lock_hold_seconds.labels(kind, name).observe(held)
-    m.lock_held.labels(kind, name).set(0)
+    _held_gauge(m.lock_held.labels(kind, name), None)
     m.lock_released.labels(kind, name, reason).inc()
 
 
@@ -451,3 +509,24 @@ def record_call(record: CallRecord) -> None:
     m.requests.labels(record.method, record.code).inc()
     if record.code != "OK":
         m.request_errors.labels(record.method, record.code).inc()
+
+
+def task_refused(task: str, reason: str, detail: str, **fields: Any) -> None:
+    """A fenced Celery task was refused before or at its effect (``reason``: ``stale``,
+    ``no_token``, ``invalid``, ``foreign``): the warning ``etcdfence.task_refused``."""
+    log.warning("etcdfence.task_refused", task=task, reason=reason, detail=detail, **fields)
+    m = _active
+    if m is None:
+        return
+    m.tasks_refused.labels(task, reason).inc()
+
+
+def task_duplicate(task: str, slot: str, token: int) -> None:
+    """A fenced Celery task's slot was applied already (a resend after a failover, a
+    redelivery): the info event ``etcdfence.task_duplicate``, counted as reason
+    ``duplicate``. Not an error: the slot's effect exists once."""
+    log.info("etcdfence.task_duplicate", task=task, slot=slot, token=token)
+    m = _active
+    if m is None:
+        return
+    m.tasks_refused.labels(task, "duplicate").inc()

@@ -89,7 +89,56 @@ class WatchEvent:
 
 @dataclass(frozen=True)
 class WatchBatch:
-    """Events delivered together at ``revision`` (empty for a progress notification)."""
+    """Events delivered together; ``revision`` is etcd's header revision when it sent them.
+
+    The header revision is *not* "everything up to here was delivered": a watch that
+    catches up on history (it started in the past, or resumed after a break or a pause)
+    gets it in responses of at most 1,000 revisions, each stamped with etcd's current
+    revision. What a consumer has seen in full is :attr:`complete_through`.
+    """
 
     revision: int
     events: tuple[WatchEvent, ...]
+
+    @property
+    def complete_through(self) -> int:
+        """Every event of the watched range up to this revision has been delivered, by
+        this batch or earlier ones: the last event's revision. A batch always ends on a
+        whole revision: etcd may split one revision's events across fragments, and the
+        watch holds such a revision back until its last fragment arrived. 0 for a batch
+        without events."""
+        return self.events[-1].kv.mod_revision if self.events else 0
+
+
+#: A group member's id as given to ``join``: text and bytes ids are distinct members.
+MemberId = str | bytes
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a group (:meth:`Group.member`): its id, capabilities, and the lease
+    that keeps it joined (its session's; the member leaves when the lease ends).
+    ``create_revision`` is when it joined, ``mod_revision`` its last capabilities update."""
+
+    member_id: str | bytes
+    capabilities: bytes
+    lease_id: int
+    create_revision: int
+    mod_revision: int
+
+
+@dataclass(frozen=True)
+class GroupChange:
+    """A change of a group's membership (:meth:`Group.watch`).
+
+    ``kind`` is ``"join"``, ``"leave"`` or ``"update"`` (new capabilities);
+    ``capabilities`` are the member's new ones (its last known ones for a leave);
+    ``revision`` is the etcd revision of the change (of the re-read that found it,
+    after the watch fell behind a compaction or a reconnect could not resume).
+    """
+
+    kind: str
+    group: str
+    member_id: str | bytes
+    capabilities: bytes
+    revision: int

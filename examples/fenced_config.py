@@ -21,7 +21,8 @@ Examples::
     python examples/fenced_config.py --key config/app/db --value old --token 1   # exit 4
 
 Prints ``wrote KEY=VALUE with token T (revision R)`` and exits 0, or prints
-``rejected: ...`` and exits 4 when the token is stale (the ``etcdfence`` CLI's code).
+``rejected: ...`` and exits 4 when the token is stale, or ``error: ...`` and exits 2 when
+``--token`` or the environment's token is malformed (the ``etcdfence`` CLI's codes).
 """
 
 from __future__ import annotations
@@ -31,8 +32,20 @@ import os
 import sys
 
 import etcdfence as ef
+from etcdfence.token import ENV_VARS, parse_token
 
-EXIT_OK, EXIT_STALE = 0, 4
+EXIT_OK, EXIT_BAD_TOKEN, EXIT_STALE = 0, 2, 4
+
+
+def given_token(text: str | None) -> ef.FencingToken | None:
+    """The token from ``--token``, else from the environment, else ``None`` (take the
+    lock). A malformed one raises :class:`etcdfence.InvalidTokenError`: a token that is there
+    but unreadable is an error, never a reason to fall back to taking the lock."""
+    if text is not None:
+        return ef.FencingToken(parse_token(text, source="--token"))
+    if any(os.environ.get(name) for name in ENV_VARS):
+        return ef.FencingToken.from_env()
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,20 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock", default=None, help="lock name (default: locks/RESOURCE)")
     parser.add_argument("--key", required=True, help="config key to write")
     parser.add_argument("--value", required=True, help="value to write")
-    parser.add_argument("--token", type=int, default=None, help="use this token")
+    parser.add_argument("--token", default=None, help="use this token")
     parser.add_argument("--ttl", type=int, default=10, help="lock lease TTL in seconds")
     args = parser.parse_args(argv)
     lock_name = args.lock or f"locks/{args.resource}"
 
+    try:
+        token = given_token(args.token)
+    except ef.InvalidTokenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_TOKEN
+
     with ef.Client(args.endpoints, timeout=5.0) as client:
         guard = client.fence(args.resource)
         try:
-            if args.token is not None:
-                return write(guard, ef.FencingToken(args.token), args.key, args.value)
-            try:
-                token = ef.FencingToken.from_env()
-            except ef.InvalidToken:
-                token = None
             if token is not None:
                 return write(guard, token, args.key, args.value)
             with client.session(ttl=args.ttl) as session, session.lock(lock_name) as token:

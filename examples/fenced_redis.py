@@ -31,7 +31,7 @@ import redis
 
 from etcdfence.errors import EtcdUnavailableError, InvalidToken, StaleTokenError
 from etcdfence.redis import RedisFence
-from etcdfence.token import FencingToken
+from etcdfence.token import FencingToken, parse_token
 
 EXIT_OK, EXIT_BAD_TOKEN, EXIT_STALE, EXIT_UNAVAILABLE = 0, 2, 3, 4
 
@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         token = (
-            FencingToken.from_env() if args.token is None else FencingToken.from_header(args.token)
+            FencingToken.from_env()
+            if args.token is None
+            else FencingToken(parse_token(args.token, source="--token"))
         )
     except InvalidToken as err:
         print(f"no usable fencing token: {err}", file=sys.stderr)

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from etcdfence.errors import InvalidToken, StaleTokenError
 from etcdfence.sql import SQLFence
-from etcdfence.token import FencingToken
+from etcdfence.token import FencingToken, parse_token
 
 EXIT_OK, EXIT_BAD_TOKEN, EXIT_STALE = 0, 2, 3
 
@@ -60,21 +60,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dsn", required=True, help="sqlite:///path | postgresql://... | mysql://..."
     )
-    parser.add_argument("--token", type=int, help="fencing token (default: from the environment)")
+    parser.add_argument("--token", help="fencing token (default: from the environment)")
     parser.add_argument("--resource", default="fenced_kv", help="name of the fenced resource")
     parser.add_argument("--key", default="primary")
     parser.add_argument("--value", required=True)
     args = parser.parse_args(argv)
 
     try:
-        token = FencingToken(args.token) if args.token is not None else FencingToken.from_env()
+        token = (
+            FencingToken.from_env()
+            if args.token is None
+            else FencingToken(parse_token(args.token, source="--token"))
+        )
     except InvalidToken as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_TOKEN
 
     conn = connect(args.dsn)
     try:
-        fence = SQLFence(conn)
+        fence = SQLFence(conn, args.resource)
         fence.ensure_schema()
         p = "?" if fence.dialect == "sqlite" else "%s"
         cur = conn.cursor()
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         conn.commit()
         try:
             # The check, the mark and these statements commit together or not at all.
-            with fence.guarded(args.resource, token) as cur:
+            with fence.guarded(token) as cur:
                 cur.execute(f"DELETE FROM fenced_kv WHERE name = {p}", (args.key,))
                 cur.execute(
                     f"INSERT INTO fenced_kv (name, value, token) VALUES ({p}, {p}, {p})",

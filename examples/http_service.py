@@ -10,9 +10,11 @@ Serve (prints ``listening on http://127.0.0.1:PORT`` once ready)::
 
     python examples/http_service.py serve --port 8080 --resource store
 
-    PUT /kv/<key>   body = value, header Fencing-Token: N
+    PUT /kv/<key>   body = value (Content-Length), header Fencing-Token: N
                     200 {"key", "token", "revision"} | 409 {"error": "stale token",
-                    "token", "current"} | 400 missing or malformed token
+                    "token", "current"} | 400 missing, malformed or repeated token,
+                    a bare CR in the header block, a malformed Content-Length |
+                    411 no Content-Length (or a Transfer-Encoding) | 413 body too large
     GET /kv/<key>   200 value | 404
     GET /fence      200 {"resource", "mark"}
 
@@ -24,7 +26,14 @@ run under a lock::
     python examples/http_service.py put --url http://127.0.0.1:8080 \\
         --key greeting --value stale --token 1          # -> 409, exit 4
 
-Client exit codes: 0 written, 4 rejected as stale (409), 1 anything else.
+Client exit codes: 0 written, 2 no or malformed token (``--token`` or the environment),
+4 rejected as stale (409), 1 anything else.
+
+The token is read by the rule of etcdfence's HTTP middlewares
+(:func:`etcdfence.http.request_token`: two ``Fencing-Token`` fields are a 400, not
+first-one-wins). ``http.server`` parses the header block itself and starts a new header
+at a bare CR (``X-Note: a\\rFencing-Token: 9`` would carry a token no proxy saw), so the
+handler refuses a bare CR anywhere in the header block, as h11 and httptools do.
 """
 
 from __future__ import annotations
@@ -38,12 +47,65 @@ import threading
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote
 
 import etcdfence as ef
+from etcdfence.http import request_token
+from etcdfence.token import parse_token
 
-EXIT_OK, EXIT_ERROR, EXIT_STALE = 0, 1, 4
+EXIT_OK, EXIT_ERROR, EXIT_BAD_TOKEN, EXIT_STALE = 0, 1, 2, 4
+MAX_BODY = 1 << 20  # etcd's default request limit is 1.5 MiB
+
+
+class BadRequest(Exception):
+    """A request the service refuses before it reads the body: ``status`` and ``error``."""
+
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+
+
+class _LineRecorder:
+    """``rfile`` while ``http.server`` reads the header block: keeps the raw lines."""
+
+    def __init__(self, rfile: BinaryIO) -> None:
+        self._rfile = rfile
+        self.lines: list[bytes] = []
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self._rfile.readline(limit)
+        self.lines.append(line)
+        return line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rfile, name)
+
+
+def check_header_block(lines: list[bytes]) -> None:
+    """Refuse a header block that ``http.server``'s parser would read differently from
+    an HTTP/1.1 parser (h11, httptools): a CR not followed by LF starts a new header in
+    the email parser, and would let a ``Fencing-Token`` hide inside another field."""
+    for line in lines:
+        if b"\r" in line.removesuffix(b"\n").removesuffix(b"\r"):
+            raise BadRequest(400, "bare CR in the request header block")
+
+
+def content_length(headers: Any) -> int:
+    """The body length, by RFC 9110: exactly one ``Content-Length`` of ASCII digits and
+    no ``Transfer-Encoding`` (``http.server`` does not decode chunked bodies)."""
+    if headers.get("Transfer-Encoding") is not None:
+        raise BadRequest(411, "Transfer-Encoding is not supported: send Content-Length")
+    values = headers.get_all("Content-Length") or []
+    if not values:
+        raise BadRequest(411, "Content-Length is required")
+    text = values[0].strip(" \t")
+    if len(values) > 1 or not (text.isascii() and text.isdigit()) or len(text) > 19:
+        shown = ", ".join(repr(v[:32]) for v in values)
+        raise BadRequest(400, f"malformed Content-Length: {shown}")
+    if int(text) > MAX_BODY:
+        raise BadRequest(413, f"body of {int(text)} bytes; at most {MAX_BODY}")
+    return int(text)
 
 
 class FencedStore:
@@ -71,6 +133,24 @@ def make_handler(store: FencedStore) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _refuse(self, status: int, body: Any) -> None:
+            """An error answered before the body was read: the connection is closed,
+            as the unread body would otherwise be parsed as the next request."""
+            self.close_connection = True
+            self._reply(status, body)
+            self.wfile.flush()
+
+        def parse_request(self) -> bool:
+            """``BaseHTTPRequestHandler.parse_request``, keeping the raw header lines
+            in ``header_lines`` for :func:`check_header_block`."""
+            rfile, recorder = self.rfile, _LineRecorder(self.rfile)
+            self.rfile = recorder  # type: ignore[assignment]
+            try:
+                return super().parse_request()
+            finally:
+                self.rfile = rfile
+                self.header_lines = [self.raw_requestline, *recorder.lines]
+
         def _key(self) -> str | None:
             if not self.path.startswith("/kv/") or len(self.path) <= 4:
                 return None
@@ -96,11 +176,18 @@ def make_handler(store: FencedStore) -> type[BaseHTTPRequestHandler]:
                 self._reply(404, {"error": "PUT /kv/<key>"})
                 return
             try:
-                token = ef.FencingToken.from_header(self.headers.get("Fencing-Token"))
-            except ef.InvalidToken as exc:
-                self._reply(400, {"error": str(exc)})
+                check_header_block(self.header_lines)
+                # the middleware's rule: one Fencing-Token field, by parse_token
+                token = request_token("PUT", self.headers.items())
+                length = content_length(self.headers)
+            except ef.InvalidTokenError as exc:
+                self._refuse(400, {"error": str(exc), "header": "Fencing-Token"})
                 return
-            value = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            except BadRequest as exc:
+                self._refuse(exc.status, {"error": str(exc)})
+                return
+            assert token is not None  # required for PUT
+            value = self.rfile.read(length)
             try:
                 revision = store.guard.put(token, store.prefix + key, value)
             except ef.StaleTokenError as exc:
@@ -138,7 +225,15 @@ def serve(args: argparse.Namespace) -> int:
 
 def put(args: argparse.Namespace) -> int:
     """Client mode: one fenced PUT; the token from --token or the environment."""
-    token = ef.FencingToken(args.token) if args.token is not None else ef.FencingToken.from_env()
+    try:
+        token = (
+            ef.FencingToken.from_env()
+            if args.token is None
+            else ef.FencingToken(parse_token(args.token, source="--token"))
+        )
+    except ef.InvalidTokenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_TOKEN
     name, value = token.to_header()
     request = urllib.request.Request(
         f"{args.url.rstrip('/')}/kv/{args.key}",
@@ -171,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", required=True)
     p.add_argument("--key", required=True)
     p.add_argument("--value", required=True)
-    p.add_argument("--token", type=int, default=None, help="default: from the environment")
+    p.add_argument("--token", default=None, help="default: from the environment")
     args = parser.parse_args(argv)
     return serve(args) if args.mode == "serve" else put(args)
 

@@ -6,9 +6,12 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
+
+import etcdfence as ef
 
 
 def free_port_pair() -> int:
@@ -56,3 +59,28 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
             proc.send_signal(signal.SIGCONT)
             proc.kill()
             proc.wait(10)
+
+
+def advance_revision(endpoints: list[str], at_least: int) -> int:
+    """Write to one scratch key until etcd's revision is ``at_least``; return the revision.
+
+    For a test that writes made-up small tokens (``guard.put(10, ...)``) through an etcd
+    fence: every etcd fence refuses a token above etcd's current revision
+    (:class:`~etcdfence.FutureTokenError`), so the revision must be past the largest
+    token first. Costs one request when it already is."""
+    scratch = f"t/advance-revision-{uuid.uuid4().hex[:8]}"
+    with ef.Client(endpoints, timeout=5.0) as client:
+        revision = client.revision()
+        if revision < at_least:
+            while revision < at_least:
+                revision = client.put(scratch, b"")
+            revision = client.delete(scratch)
+    return revision
+
+
+@pytest.fixture
+def revision_past(etcd_endpoints: list[str]) -> Callable[[int], int]:
+    """``revision_past(n)``: make the test etcd's revision at least ``n`` (see
+    :func:`advance_revision`) and return it, so made-up tokens up to ``n`` are not tokens
+    from the future."""
+    return lambda n: advance_revision(etcd_endpoints, n)

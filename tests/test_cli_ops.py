@@ -29,6 +29,7 @@ from conftest import clean_env
 from test_cli import etcdfence, one_error_line, start
 
 import etcdfence as ef
+from etcdfence import cli
 from etcdfence.cli._options import duration
 from etcdfence.testing import FaultProxy
 from etcdfence.testing.procs import LineReader, stop, wait_until
@@ -41,10 +42,10 @@ PYTHON = sys.executable
 # -------------------------------------------------------------------------- helpers
 
 
-def get(url: str) -> tuple[int, str]:
+def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
     """(status, body) of a GET; 4xx/5xx are answers too."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.read().decode()
@@ -323,8 +324,8 @@ def test_kubernetes_deployment_schema() -> None:
     assert spec["replicas"] == 3
     labels = spec["template"]["metadata"]["labels"]
     assert spec["selector"]["matchLabels"].items() <= labels.items()
-    # standbys are never ready (readiness is leader-only): a rollout must not wait for them
-    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    # standbys are Ready (/candidatez): a rollout replaces one pod at a time and completes
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     (container,) = spec["template"]["spec"]["containers"]
     argv = container["command"]
     assert argv[:3] == ["etcdfence", "run", "services/scheduler"] and "--" in argv
@@ -332,7 +333,7 @@ def test_kubernetes_deployment_schema() -> None:
     assert host == "0.0.0.0"  # the kubelet probes the pod IP
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["health"] == port
-    probes = {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    probes = {"livenessProbe": "/healthz", "readinessProbe": "/candidatez"}
     for probe, path in probes.items():
         action = container[probe]["httpGet"]
         assert action["path"] == path
@@ -405,7 +406,8 @@ def test_probes_and_metrics_and_readyz_flips_within_the_margin_on_leader_loss(
     status, body = get(url + "/readyz")
     assert status == 503 and json.loads(body)["status"] == "not leader"
     assert get(url + "/healthz")[0] == 200  # a still works: it campaigns again
-    a_err.wait_for(lambda line: "stopping pid" in line, 10)
+    # etcd took the key (b may run already): SIGKILL at once, no grace
+    a_err.wait_for(lambda line: "etcd took the leader key" in line and "no grace" in line, 10)
     assert "crashed" not in "".join(a_err.lines)  # stopped on loss, not a crash
     # the reason, at warning, without -v
     line = a_err.wait_for(lambda text: "etcdfence.leader_lost" in text, 10)
@@ -420,7 +422,7 @@ def test_probes_and_metrics_and_readyz_flips_within_the_margin_on_leader_loss(
 
 
 @pytest.mark.integration
-def test_readyz_and_healthz_turn_503_when_etcd_is_cut_off(
+def test_readyz_turns_503_and_healthz_stays_200_when_etcd_is_cut_off(
     etcd_endpoints: list[str], etcd_namespace: str, procs: list[Any]
 ) -> None:
     name, ttl = f"{etcd_namespace}/svc", 3
@@ -434,17 +436,13 @@ def test_readyz_and_healthz_turn_503_when_etcd_is_cut_off(
         wait_until(lambda: get(url + "/readyz")[0] == 200, 20, "a leads")
         proxy.blackhole()
         cut = time.monotonic()
-        # no keepalive acknowledged for interval (1 s) + margin (0.3 s): unhealthy
-        wait_until(lambda: get(url + "/healthz")[0] == 503, 10, "/healthz 503")
-        assert time.monotonic() - cut < 1.3 + 0.3
-        _, body = get(url + "/healthz")
-        assert "etcd acknowledged no keepalive" in json.loads(body)["reason"]
-        for _ in range(4):  # and stays unhealthy while etcd is cut off
-            time.sleep(0.1)
-            assert get(url + "/healthz")[0] == 503
+        # the body says etcd is late, but liveness is not about etcd: still 200
+        wait_until(lambda: json.loads(get(url + "/healthz")[1])["etcd"] != "ok", 10, "etcd late")
+        assert get(url + "/healthz")[0] == 200
         # a still leads until its session's deadline (TTL - margin after the last ack)
         wait_until(lambda: get(url + "/readyz")[0] == 503, 10, "/readyz 503")
         assert time.monotonic() - cut < ttl - 0.3 + 0.3
+        assert get(url + "/healthz")[0] == 200
         # no command: losing leadership ends `run` with 6, the lease loss logged by default
         assert a.wait(30) == 6
         assert any("lease_lost" in line or "leader_lost" in line for line in a_err.lines)
@@ -556,14 +554,13 @@ def test_sd_notify_ready_watchdog_and_stopping_on_a_real_socket(
             wait_until(child_env_file.exists, 10, "the command started")
             assert "NOTIFY_SOCKET" not in child_env_file.read_text()  # not the unit's main pid
 
-            proxy.blackhole()  # keepalives go unanswered: the supervisor is not healthy
+            # keepalives go unanswered: etcd is away, but the supervisor is not wedged
+            # (the watchdog is systemd's liveness; restarting would not bring etcd back)
+            proxy.blackhole()
             cut = time.monotonic()
             listener.receive(3.5)
-            last = max(at for at, m in listener.messages if m == "WATCHDOG=1")
-            # healthy until interval (1 s) + margin (0.3 s) without an acknowledgement
-            # (+ one ping interval and a loaded machine's scheduling), then silent for good
-            assert last - cut < 1.3 + 0.1 + 0.5, last - cut
-            assert cut + 3.5 - last > 1.0
+            late = [at for at, m in listener.messages if m == "WATCHDOG=1" and at > cut + 2.5]
+            assert late, listener.messages
             proxy.heal()
             listener.messages.clear()
             assert stop(a) == 0
@@ -632,9 +629,12 @@ def test_lease_loss_reason_is_shown_by_default_and_info_with_v(
     key = out.line(20).split()[0]
     etcd_client.lease_revoke(int(key.rsplit("/", 1)[1], 16))
     assert lock.wait(20) == 6
-    wait_until(lambda: any("lease_lost" in line for line in err.lines), 5, "lease_lost logged")
-    (line,) = [line for line in err.lines if "etcdfence.lease_lost" in line]
-    assert line.startswith("etcdfence: warning:") and "reason=" in line, err.lines
+    # the key watch sees the revoke's delete first (lock_lost), a keepalive may say it too
+    lost = ("etcdfence.lock_lost", "etcdfence.lease_lost")
+    wait_until(lambda: any(e in line for line in err.lines for e in lost), 5, "loss logged")
+    lines = [line for line in err.lines if any(e in line for e in lost)]
+    assert all(line.startswith("etcdfence: warning:") and "reason=" in line for line in lines)
+    assert any("etcd took its key" in line for line in err.lines), err.lines
     assert not any(line.startswith("etcdfence: info:") for line in err.lines)
     # -v adds info events (the leader's term), -vv debug
     verbose = etcdfence("-v", "run", f"{etcd_namespace}/svc", "--id", "a", "--", "true", env=env)
@@ -688,3 +688,102 @@ def test_metrics_without_prometheus_client_say_so_and_still_answer(
     assert f'etcdfence_supervisor_leading{{election="{name}"}} 1' in text
     assert "pip install 'etcdfence[metrics]'" in text and "etcdfence_is_leader" not in text
     assert stop(proc) == 0
+
+
+@pytest.mark.integration
+def test_fence_repair_lowers_a_poisoned_mark_and_refuses_a_legitimate_one(
+    env: dict[str, str], etcd_client: ef.Client, etcd_namespace: str
+) -> None:
+    from etcdfence._keys import MAX_EPOCH, encode_mark
+
+    resource, data = f"{etcd_namespace}/res", f"{etcd_namespace}/data"
+    wrote = etcdfence("fence", "put", resource, data, "v1", "--token", "2", env=env)
+    assert wrote.returncode == 0, wrote.stderr
+    # a legitimate mark (token 2, far below the revision): refused, exit 7, unchanged
+    kept = etcdfence("fence", "repair", resource, env=env)
+    assert kept.returncode == cli.EXIT_NOT_FORGED == 7
+    assert "not provably forged" in one_error_line(kept.stderr)
+    assert etcd_client.fence(resource).current_mark()[0] == 2
+    # poisoned behind the fence's back: every holder is refused (exit 4)
+    guard = etcd_client.fence(resource)
+    etcd_client.put(guard.key, encode_mark(10**15, 0))
+    holder = etcd_client.revision()
+    refused = etcdfence("fence", "put", resource, data, "v2", "--token", str(holder), env=env)
+    assert refused.returncode == cli.EXIT_STALE
+    repaired = etcdfence("fence", "repair", resource, env=env)
+    assert repaired.returncode == 0, repaired.stderr
+    record = json.loads(repaired.stdout)
+    assert record["resource"] == resource and record["key"] == guard.key.decode()
+    assert record["old_mark"] == [10**15, 0]
+    assert record["new_mark"] == [record["revision"], MAX_EPOCH]
+    assert holder <= record["revision"] <= etcd_client.revision()
+    assert guard.current_mark() == (record["revision"], MAX_EPOCH)
+    # a token issued after the repair writes again; the repaired mark is not forged
+    fresh = str(etcd_client.put(f"{etcd_namespace}/tick", "x"))
+    wrote = etcdfence("fence", "put", resource, data, "v3", "--token", fresh, env=env)
+    assert wrote.returncode == 0, wrote.stderr
+    stored = etcd_client.get(data)
+    assert stored is not None and stored.value == b"v3"
+    again = etcdfence("fence", "repair", resource, "-w", "table", env=env)
+    assert again.returncode == cli.EXIT_NOT_FORGED and again.stdout == ""
+
+
+def test_fence_lock_binds_the_resource_like_the_library(
+    env: dict[str, str], etcd_client: ef.Client, etcd_namespace: str
+) -> None:
+    """``--lock NAME`` on ``fence put/off/show`` binds the resource as ``lock=`` does: a
+    bare number or a token of another lock exits 2 with nothing written; the token
+    ``etcdfence lock`` exports (ETCDFENCE_TOKEN + ETCDFENCE_LOCK/...) writes; and
+    $ETCDFENCE_LOCK alone does not bind (it names the token's lock, not the resource's)."""
+    resource, data = f"{etcd_namespace}/res", f"{etcd_namespace}/data"
+    lock = f"{etcd_namespace}/jobs"
+    help_text = etcdfence("fence", "put", "--help", env=env).stdout
+    assert "--lock" in help_text and "ETCDFENCE_LOCK" in help_text
+    revision = str(etcd_client.put(f"{etcd_namespace}/tick", "x"))
+    other = ef.FencingToken(int(revision), lock=f"{etcd_namespace}/other").to_text()
+    for action, extra in (("put", [data, "bad"]), ("off", [])):
+        for token in (revision, other):
+            refused = etcdfence(
+                "fence", action, resource, *extra, "--lock", lock, "--token", token, env=env
+            )
+            assert refused.returncode == cli.EXIT_USAGE, (action, token, refused.stderr)
+            assert "ForeignTokenError" in refused.stderr or "bound" in refused.stderr
+    assert etcd_client.get(data) is None and etcd_client.fence(resource).current() == 0
+    # $ETCDFENCE_LOCK is the token's lock: without --lock nothing is bound
+    loose = etcdfence(
+        "fence",
+        "put",
+        resource,
+        data,
+        "v0",
+        env={**env, "ETCDFENCE_LOCK": lock, "ETCDFENCE_TOKEN": revision},
+    )
+    assert loose.returncode == 0, loose.stderr
+    # the real holder's token, as `etcdfence lock` exports it to its child
+    cmd = [
+        "lock",
+        lock,
+        "--",
+        sys.executable,
+        "-m",
+        "etcdfence",
+        "--endpoints",
+        env["ETCDFENCE_ENDPOINTS"],
+        "fence",
+        "put",
+        resource,
+        data,
+        "v1",
+        "--lock",
+        lock,
+    ]
+    held = etcdfence(*cmd, env=env)
+    assert held.returncode == 0, held.stderr
+    stored = etcd_client.get(data)
+    assert stored is not None and stored.value == b"v1"
+    token = json.loads(held.stdout.strip().splitlines()[-1])["token"]
+    text = ef.FencingToken(token, lock=lock).to_text()  # the sequencer form of --token
+    off = etcdfence("fence", "off", resource, "--lock", lock, "--token", text, env=env)
+    assert off.returncode == 0, off.stderr
+    shown = json.loads(etcdfence("fence", "show", resource, "--lock", lock, env=env).stdout)
+    assert shown["lock"] == lock and shown["mark"] == token

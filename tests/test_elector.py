@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -216,3 +217,33 @@ async def test_bad_arguments(api: Api) -> None:
         api.Elector(api.client, "svc", identity="")
     with pytest.raises(ValueError):
         api.Elector(api.client, "svc", identity="a", ttl=0)
+
+
+@pytest.mark.timeout(120)
+def test_release_false_is_never_undone_by_a_concurrent_limit_release(
+    etcd_client: ef.Client,
+) -> None:
+    """``etcdfence run``'s main thread calls ``limit_release(budget_end)`` every 50 ms
+    while shutting down; its elector thread calls ``limit_release(None, release=False)``
+    when the command could not be proven dead. ``release=False`` must stick: if a
+    concurrent call put ``True`` back (an unlocked read-modify-write did, 29-37 in 500
+    trials), the lease would be resigned and revoked while the command may still run.
+    Here the other thread is a busy loop, so a race window would be hit often."""
+    overwritten = 0
+    for i in range(500):
+        elector = ef.LeaderElector(etcd_client, "race", identity="a", ttl=5)
+        done = threading.Event()
+
+        def main_loop(elector: ef.LeaderElector = elector, done: threading.Event = done) -> None:
+            while not done.is_set():
+                elector.limit_release(time.monotonic() + 5)
+
+        thread = threading.Thread(target=main_loop)
+        thread.start()
+        time.sleep(0.0001 * (i % 7))
+        elector.limit_release(None, release=False)  # could not prove the command dead
+        time.sleep(0.0005)
+        done.set()
+        thread.join()
+        overwritten += bool(elector._release)
+    assert overwritten == 0, f"release=False was undone in {overwritten}/500 trials"

@@ -24,15 +24,15 @@ from _contender_proc import (
 )
 
 import etcdfence as ef
+from etcdfence.history import Event, Layout, parse_events
 from etcdfence.testing import FaultProxy
-from etcdfence.testing.history import Event, Layout, parse_events
 from etcdfence.testing.procs import start
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 api = api_fixture()
 
-#: The contender process (its events: :mod:`etcdfence.testing.history`).
+#: The contender process (its events: :mod:`etcdfence.history`).
 CONTENDER = [sys.executable, "-m", "etcdfence.testing.contender"]
 
 

@@ -7,17 +7,28 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
+from conftest import advance_revision
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import etcdfence as ef
+from etcdfence.history import Event, Layout, parse_events
 from etcdfence.testing import EtcdServer
-from etcdfence.testing.history import Event, Layout, parse_events
 from etcdfence.testing.procs import LineReader, start, stop, wait_until
 
 pytestmark = pytest.mark.integration
+
+#: The largest made-up token these tests write (a token above etcd's revision is refused).
+TOKENS_UP_TO = 100
+
+
+@pytest.fixture(autouse=True)
+def _tokens_below_the_revision(revision_past: Callable[[int], int]) -> None:
+    """The made-up tokens below (7, 33, 100, ...) are all at or below etcd's revision."""
+    revision_past(TOKENS_UP_TO)
 
 
 def test_put_advances_mark_and_equal_tokens_pass(
@@ -189,6 +200,7 @@ async def test_async_guard_concurrent_resources(
 
 def test_mark_survives_server_restart(tmp_path: object) -> None:
     with EtcdServer() as server:
+        advance_revision([server.endpoint], 77)
         with ef.Client(server.endpoint, timeout=3.0) as client:
             client.fence("durable").advance(77)
         server.restart()

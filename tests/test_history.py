@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import etcdfence as ef
-from etcdfence.testing.history import (
+from etcdfence.history import (
     Change,
     Event,
     History,
@@ -485,7 +487,7 @@ def test_recorder_guarded_put_records_each_outcome() -> None:
     rec = Recorder("A")
     assert rec.guarded_put(FakeGuard(17), 5, DATA) is True
     assert rec.guarded_put(FakeGuard(ef.StaleTokenError("res", 5, 9)), 5, DATA) is False
-    assert rec.guarded_put(FakeGuard(ef.EtcdUnavailable("cut off")), 5, DATA) is None
+    assert rec.guarded_put(FakeGuard(ef.UnavailableError("cut off")), 5, DATA) is None
     assert rec.guarded_put(FakeGuard(ef.NotOwnerError("lock lost")), 5, DATA) is False
     outcomes = [e for e in rec.events if e.kind != "write"]
     assert [(e.kind, e.revision, e.current) for e in outcomes] == [
@@ -494,7 +496,7 @@ def test_recorder_guarded_put_records_each_outcome() -> None:
         ("unknown", None, None),
         ("rejected", None, None),
     ]
-    assert "EtcdUnavailable" in (outcomes[2].detail or "")
+    assert "UnavailableError" in (outcomes[2].detail or "")
     assert "not the owner" in (outcomes[3].detail or "")
     with pytest.raises(ef.InvalidToken):  # a bug in the caller is not an outcome
         rec.guarded_put(FakeGuard(ef.InvalidToken("bad")), 5, DATA)
@@ -532,3 +534,26 @@ def test_leader_changes_follow_the_first_created_key() -> None:
         (5, (f"{e}/b", 3, "B")),
         (6, None),
     ]
+
+
+def test_the_history_package_does_not_import_the_grpc_stack() -> None:
+    """A parent that only parses and checks events (the demo, the kit's runner) stays
+    light: importing :mod:`etcdfence.history` pulls in neither gRPC nor protobuf."""
+    code = (
+        "import sys, etcdfence.history\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google'))\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    assert out == "", f"importing etcdfence.history imported {out}"
+
+
+def test_the_old_testing_history_module_re_exports_the_package() -> None:
+    import etcdfence.history as history
+    import etcdfence.testing.history as old
+
+    assert old.__all__ == history.__all__
+    for name in history.__all__:
+        assert getattr(old, name) is getattr(history, name), name

@@ -472,8 +472,8 @@ def test_any_header_value_is_a_token_or_a_400(raw: bytes, method: str) -> None:
 
     scope = {"type": "http", "method": method, "path": "/", "headers": [(b"fencing-token", raw)]}
     asyncio.run(FencingMiddleware(app)(scope, None, send))  # type: ignore[arg-type]
-    text = raw.decode("latin-1").strip()
-    valid = text.isascii() and text.isdigit() and 0 < int(text) <= MAX_TOKEN
+    text = raw.decode("latin-1").strip(" \t")  # RFC 9110 OWS only (issue #21.12)
+    valid = text.isascii() and text.isdigit() and len(text) <= 19 and 0 < int(text) <= MAX_TOKEN
     if valid:
         assert reached == [ef.FencingToken(int(text))]
     else:
@@ -525,10 +525,10 @@ def test_lock_transport_stamps_follows_and_stops(
                 tight.put("/echo")
     with (
         httpx.Client(base_url=url, transport=FencingTransport(lock)) as http,
-        pytest.raises(ef.SessionExpiredError),  # closed session: its lock is gone
+        pytest.raises(ef.NotOwnerError, match="not held"),  # closing the session released it
     ):
         http.put("/echo")
-    assert arrivals.tokens() == [str(first.value), str(second.value)]
+    assert arrivals.tokens() == [first.to_text(), second.to_text()]  # the full form
 
 
 @pytest.mark.integration
@@ -566,7 +566,7 @@ def test_transport_is_thread_safe(
                 t.join(60)
     assert "refused-early" not in results
     assert results.count("refused") > 0
-    assert set(arrivals.tokens()) == {str(token.value)}
+    assert set(arrivals.tokens()) == {token.to_text()}
     # requests that passed the gate just before release may land after it (why the
     # server checks); none may have *started* after it: arrivals <= requests let through
     assert len(arrivals.tokens()) == results.count("sent") + results.count("sent-after")
@@ -620,7 +620,7 @@ async def test_async_transport_with_a_lock_and_an_elector(
         answers: list[Any] = []
 
         async def work(term: ef.FencingToken, stop: asyncio.Event) -> None:
-            answers.append((term.value, (await http.put("/echo")).json()))
+            answers.append((term, (await http.put("/echo")).json()))
             elected.set()
             await stop.wait()
 
@@ -631,8 +631,8 @@ async def test_async_transport_with_a_lock_and_an_elector(
         with pytest.raises(ef.NotLeaderError):
             await http.put("/echo")  # resigned
     ((term, echoed),) = answers
-    assert echoed == {"token": term}
-    assert arrivals.tokens() == [str(token.value), str(term)]
+    assert echoed == {"token": term.value}
+    assert arrivals.tokens() == [token.to_text(), term.to_text()]
 
 
 @pytest.mark.integration
@@ -779,7 +779,7 @@ def test_wsgi_twin_in_front_of_a_sqlfence_write(tmp_path: Path) -> None:
 
     db = str(tmp_path / "orders.db")
     with sqlite3.connect(db) as conn:
-        SQLFence(conn).ensure_schema()
+        SQLFence(conn, "orders").ensure_schema()
         conn.execute("CREATE TABLE orders (k TEXT PRIMARY KEY, v BLOB)")
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
@@ -787,7 +787,7 @@ def test_wsgi_twin_in_front_of_a_sqlfence_write(tmp_path: Path) -> None:
         value = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
         conn = sqlite3.connect(db, timeout=30)
         try:
-            with SQLFence(conn).guarded("orders", token) as cur:  # StaleTokenError -> 409
+            with SQLFence(conn, "orders").guarded(token) as cur:  # StaleTokenError -> 409
                 cur.execute("INSERT OR REPLACE INTO orders VALUES ('latest', ?)", (value,))
         finally:
             conn.close()
@@ -812,7 +812,8 @@ def test_the_readme_http_snippets_run(
     """The README's "HTTP write gates" client and server, as written, against real etcd
     (found through $ETCDFENCE_ENDPOINTS, as a user's would be) and a real uvicorn."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### HTTP write gates") : readme.index("## How it works")]
+    start = readme.index("### HTTP write gates")
+    section = readme[start : readme.index("\n### ", start)]
     client_code, server_code = re.findall(r"```python\n(.*?)```", section, re.S)
     monkeypatch.setenv("ETCDFENCE_ENDPOINTS", etcd_endpoints[0])
     server_ns: dict[str, Any] = {}
@@ -829,7 +830,8 @@ def test_the_readme_http_snippets_run(
         assert httpx.put(f"{url}/orders/latest").status_code == 400
     sent = arrivals.tokens()
     assert sent[1:] == ["1", None]
-    assert sent[0] is not None and stale.json()["current"] == int(sent[0])  # the lock's
+    assert sent[0] is not None  # the lock's token, in the full form
+    assert stale.json()["current"] == ef.FencingToken.from_header(sent[0]).value
 
 
 # ------------------------------------------------------------------ chaos: the cut-off holder
@@ -930,3 +932,546 @@ def test_cut_off_holder_sends_nothing_after_its_session_is_lost(
         f"{len(naive_late & received)} reached the server after it"
     )
     assert naive_late & received, "the control never reached the server after the loss"
+
+
+# ------------------------------------------- issue #21.4: an upload outlives its session
+
+
+class _Chunked:
+    """An exact parser of a chunked request body, fed the bytes as they arrive: counts
+    the data bytes (``size``) and says when the body is whole (``done``: the zero-size
+    last chunk and the blank line after it, in their place in the framing). A body cut
+    off by a reset or an EOF is never whole, whatever its last bytes look like; a framing
+    error (``bad``) is not whole either."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.done = False
+        self.bad = False
+        self._buf = b""
+        self._left = 0  # data bytes left in the current chunk, then its CRLF
+        self._state = "size"  # size -> data -> crlf -> size ... -> trailer
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        while not (self.done or self.bad) and self._step():
+            pass
+
+    def _step(self) -> bool:
+        """Consume one framing element if it arrived whole; False to wait for more."""
+        if self._state == "data":
+            take = min(self._left, len(self._buf))
+            self.size, self._left, self._buf = self.size + take, self._left - take, self._buf[take:]
+            if self._left:
+                return False
+            self._state = "crlf"
+            return True
+        line, sep, rest = self._buf.partition(b"\r\n")
+        if not sep:
+            self.bad = len(self._buf) > 1024
+            return False
+        self._buf = rest
+        if self._state == "crlf":
+            self.bad, self._state = line != b"", "size"
+        elif self._state == "trailer":
+            self.done = line == b""  # trailer fields end at a blank line
+        else:
+            try:
+                self._left = int(line.split(b";")[0], 16)
+            except ValueError:
+                self.bad = True
+            self._state = "data" if self._left else "trailer"
+        return True
+
+
+class SlowSink:
+    """A real HTTP server on loopback that reads request bodies slowly (a small receive
+    buffer, ``rate`` bytes a second) and counts what arrived; answers 200 once a body is
+    complete. ``received`` lists the bytes that arrived on each connection (the body's
+    framing included), ``complete`` the data sizes of the bodies it received whole: as
+    many bytes as Content-Length says, or a chunked body parsed to its last chunk
+    (:class:`_Chunked`) — a reset or an EOF ends a body, never completes it."""
+
+    def __init__(self, rate: int = 2 * 1024 * 1024) -> None:
+        import socket
+
+        self.rate = rate
+        self.received: list[int] = []
+        self.complete: list[int] = []
+        self.ended = threading.Event()  # a connection's handler is done with it
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(8)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: Any) -> None:
+        try:
+            self._read(conn)
+        finally:
+            self.ended.set()
+
+    def _read(self, conn: Any) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                head += data
+            head, _, body = head.partition(b"\r\n\r\n")
+            match = re.search(rb"(?i)content-length:\s*(\d+)", head)
+            length = int(match.group(1)) if match else None
+            chunked = _Chunked() if length is None else None
+            got, index = len(body), len(self.received)
+            self.received.append(got)
+            step = 16 * 1024
+            while True:
+                if chunked is not None:
+                    chunked.feed(body)
+                    whole, size = chunked.done, chunked.size
+                else:
+                    whole, size = got >= (length or 0), got
+                if whole or (chunked is not None and chunked.bad):
+                    break
+                time.sleep(step / self.rate)
+                try:
+                    body = conn.recv(step)
+                except OSError:  # a reset ends the body, never completes it
+                    break
+                if not body:
+                    break
+                got += len(body)
+                self.received[index] = got
+            if whole:
+                self.complete.append(size)
+                with contextlib.suppress(OSError):
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    ("sends", "reset", "whole"),
+    [
+        # the CI failure: 105 whole chunks of 64 KiB, then the client resets the connection
+        ([_chunk(b"u" * 65536) * 105], True, None),
+        # the same cut by an EOF, its last bytes looking like a last chunk (mid-chunk)
+        ([_chunk(b"u" * 100)[:50], b"0\r\n\r\n"], False, None),
+        # a whole body, its last chunk split across two sends (and two of the sink's reads)
+        ([_chunk(b"u" * 100), b"0\r", b"\n\r\n"], False, 100),
+        ([_chunk(b"u" * 65536) * 3 + b"0\r\nX-Trailer: 1\r\n\r\n"], False, 3 * 65536),
+    ],
+    ids=["reset-at-a-chunk-boundary", "eof-after-lookalike", "split-last-chunk", "trailer"],
+)
+def test_the_slow_sink_knows_a_whole_chunked_body(
+    sends: list[bytes], reset: bool, whole: int | None
+) -> None:
+    """The sink behind the cut-off tests parses chunked framing: a reset or an EOF never
+    completes a body (the sink once counted any end of a chunked body as complete, so a
+    reset after 105 whole chunks read as "the server received a complete body"), bytes
+    that merely end like a last chunk do not either, and a whole body is seen whole
+    however its last chunk is split (a test that could not fail otherwise)."""
+    import socket
+    import struct
+
+    sink = SlowSink(rate=256 * 1024 * 1024)
+    try:
+        with socket.create_connection(sink._sock.getsockname()) as conn:
+            conn.sendall(b"PUT /u HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for data in sends:
+                conn.sendall(data)
+                time.sleep(0.2)  # each send its own read
+            if whole is not None:
+                conn.settimeout(10)
+                assert conn.recv(100).startswith(b"HTTP/1.1 200"), sink.received
+            elif reset:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        assert sink.ended.wait(10), "the sink never finished reading the body"
+        assert sink.complete == ([] if whole is None else [whole]), sink.received
+    finally:
+        sink.close()
+
+
+# 16 MB at the sink's 2 MB/s: ~8 s to upload whole, the session is lost after < 2 s.
+_UPLOAD = b"u" * (16 * 1024 * 1024)
+
+
+def _body(shape: str, tmp_path: Path) -> dict[str, Any]:
+    if shape == "bytes":
+        return {"content": _UPLOAD}
+    if shape == "iterator":  # one big chunk, as a caller's generator may yield
+        return {"content": iter([_UPLOAD])}
+    if shape == "async-iterator":
+
+        async def chunks() -> Any:
+            yield _UPLOAD
+
+        return {"content": chunks()}
+    if shape == "file":
+        path = tmp_path / "upload.bin"
+        path.write_bytes(_UPLOAD)
+        return {"content": path.open("rb")}
+    assert shape == "multipart"
+    return {"files": {"f": ("upload.bin", _UPLOAD)}}
+
+
+@contextlib.contextmanager
+def _expiring_lock(
+    etcd_namespace: str, etcd_endpoints: list[str], ttl: int = 2
+) -> Iterator[tuple[Any, Any]]:
+    """A lock on a session whose keepalives are cut once the caller starts uploading:
+    yields (lock, cut) where ``cut()`` blackholes the session's etcd and returns its
+    local deadline (it no longer moves)."""
+    with (
+        FaultProxy(etcd_endpoints[0]) as proxy,
+        ef.Client(proxy.endpoint, timeout=2.0) as client,
+    ):
+        session = client.session(ttl=ttl)
+        session.open()
+        lock = session.lock(etcd_namespace + "/w")
+        lock.acquire()
+
+        def cut() -> float:
+            proxy.blackhole()
+            time.sleep(0.3)  # a keepalive answered just now moved the deadline last
+            return float(session.deadline)
+
+        try:
+            yield lock, cut
+        finally:
+            proxy.heal()
+            with contextlib.suppress(ef.EtcdfenceError):
+                session.close()
+
+
+def _check_cut_off(sink: SlowSink, raised_at: float, deadline: float) -> None:
+    time.sleep(0.5)  # what was in the sockets' buffers arrives
+    assert sink.received, "the request never reached the server"
+    assert not sink.complete, f"the server received a complete body: {sink.received}"
+    assert max(sink.received) < len(_UPLOAD)
+    # cut off at the session's deadline, not when the upload happened to end
+    assert raised_at - deadline < 1.5, (raised_at, deadline)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("shape", ["bytes", "iterator", "file", "multipart"])
+def test_an_upload_of_any_shape_is_cut_off_at_the_session_deadline(
+    shape: str, etcd_namespace: str, etcd_endpoints: list[str], tmp_path: Path
+) -> None:
+    """Issue #21 item 4: httpx sends ``content=bytes`` (and a generator's big chunk, a
+    multipart field) as one chunk, so a per-chunk check never ran and the upload outlived
+    the session. The body is cut into bounded pieces, each checked."""
+    sink = SlowSink()
+    try:
+        with (
+            _expiring_lock(etcd_namespace, etcd_endpoints) as (lock, cut),
+            httpx.Client(transport=FencingTransport(lock), timeout=30) as http,
+        ):
+            deadline = cut()
+            with pytest.raises(ef.SessionExpiredError):
+                http.put(sink.url + "/upload", **_body(shape, tmp_path))
+            raised_at = time.monotonic()
+        _check_cut_off(sink, raised_at, deadline)
+    finally:
+        sink.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("shape", ["bytes", "async-iterator", "multipart"])
+async def test_async_upload_of_any_shape_is_cut_off_at_the_session_deadline(
+    shape: str, etcd_namespace: str, etcd_endpoints: list[str], tmp_path: Path
+) -> None:
+    """The asyncio twin of the test above."""
+    sink = SlowSink()
+    try:
+        with _expiring_lock(etcd_namespace, etcd_endpoints) as (lock, cut):
+            async with httpx.AsyncClient(transport=AsyncFencingTransport(lock), timeout=30) as http:
+                deadline = await asyncio.to_thread(cut)
+                with pytest.raises(ef.SessionExpiredError):
+                    await http.put(sink.url + "/upload", **_body(shape, tmp_path))
+                raised_at = time.monotonic()
+        await asyncio.to_thread(_check_cut_off, sink, raised_at, deadline)
+    finally:
+        sink.close()
+
+
+@pytest.mark.integration
+def test_a_stalled_upload_is_cut_off_at_the_session_deadline(
+    etcd_namespace: str, etcd_endpoints: list[str]
+) -> None:
+    """A server that stops reading altogether: no piece boundary comes, the write
+    timeout bounded by the session's deadline ends the send."""
+    sink = SlowSink(rate=1)  # reads 16 KB every 4.5 hours
+    try:
+        with (
+            _expiring_lock(etcd_namespace, etcd_endpoints) as (lock, cut),
+            httpx.Client(transport=FencingTransport(lock), timeout=60) as http,
+        ):
+            deadline = cut()
+            with pytest.raises(ef.SessionExpiredError):
+                http.put(sink.url + "/upload", content=_UPLOAD)
+            raised_at = time.monotonic()
+        assert raised_at - deadline < 1.5, (raised_at, deadline)
+        assert not sink.complete
+    finally:
+        sink.close()
+
+
+# ------------------- issue #21.4 again: each socket write bounded when it is made (H1, H2)
+
+
+class HeldSink:
+    """A real HTTP server on loopback that reads a request's headers, then nothing until
+    ``resume_at`` (monotonic), then ``rate`` bytes a second (all at once: None). Records
+    when a request's body arrived complete (``done``) and how much arrived (``got``);
+    answers 200 to a complete body. ``drop()`` closes its connections."""
+
+    def __init__(self, resume_at: float = 0.0, rate: int | None = None) -> None:
+        import socket
+
+        self.resume_at, self.rate = resume_at, rate
+        self.done: float | None = None
+        self.got = 0
+        self.token: bytes | None = None
+        self._dropped = threading.Event()
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(4)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self._sock.accept()
+            with conn:
+                self._handle(conn)
+
+    def _handle(self, conn: Any) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(65536)
+        head, _, body = head.partition(b"\r\n\r\n")
+        match = re.search(rb"(?i)fencing-token:\s*(\d+)", head)
+        self.token = match.group(1) if match else None
+        length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+        while time.monotonic() < self.resume_at and not self._dropped.is_set():
+            time.sleep(0.01)
+        conn.settimeout(0.2)
+        while not self._dropped.is_set():
+            if self.rate:
+                time.sleep(1024 / self.rate)
+            try:
+                data = conn.recv(1024 if self.rate else 1 << 20)
+            except TimeoutError:
+                continue
+            if not data:
+                return
+            body += data
+            self.got = len(body)
+            whole = len(body) >= int(length.group(1)) if length else body.endswith(b"0\r\n\r\n")
+            if whole:
+                self.done = time.monotonic()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                return
+
+    def drop(self) -> None:
+        self._dropped.set()
+        self._sock.close()
+
+
+def _until(deadline: float, chunk: bytes = b"x" * 65536) -> Iterator[bytes]:
+    """A producer slow to start that streams until ``deadline`` (the attack on #21.4:
+    its last pieces go out just before the session's deadline)."""
+    while time.monotonic() < deadline - 0.5:
+        time.sleep(0.01)
+    while time.monotonic() < deadline:
+        yield chunk
+
+
+def _held_body(shape: str, deadline: float, tmp_path: Path) -> dict[str, Any]:
+    if shape == "generator":
+        return {"content": _until(deadline)}
+    if shape == "async-generator":
+
+        async def chunks() -> Any:
+            for chunk in _until(deadline):
+                yield chunk
+
+        return {"content": chunks()}
+    return _body(shape, tmp_path)
+
+
+def _take_over(etcd_endpoints: list[str], name: str, at: float) -> threading.Thread:
+    """Another client acquires the lock ``name`` at ``at`` (monotonic)."""
+
+    def run() -> None:
+        time.sleep(max(0.0, at - time.monotonic()))
+        with ef.Client(etcd_endpoints[0]) as client, client.session(ttl=5) as session:
+            assert session.lock(name).acquire(timeout=10)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _check_nothing_after(sink: HeldSink, raised_at: float, deadline: float) -> None:
+    time.sleep(1.0)  # the sink resumed reading: whatever was in the buffers arrived
+    assert sink.token is not None, "the request never reached the server"
+    assert sink.done is None, f"the server got the whole body ({sink.got} B) after the loss"
+    assert raised_at - deadline < 1.0, (raised_at, deadline)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("shape", ["generator", "bytes", "file", "multipart"])
+def test_a_write_started_before_the_deadline_does_not_outlive_it(
+    shape: str, etcd_namespace: str, etcd_endpoints: list[str], tmp_path: Path
+) -> None:
+    """H2: the write timeout was the time left at the request's *start*, and httpcore
+    restarts it at every socket send, so a send made just before the deadline could run
+    (and finish the body) long after it, once the server read again. Each send is now
+    bounded by the deadline as it is when the send is made, and the connection is reset
+    when it passes: the server, reading nothing until 3 s after the deadline while
+    another client took the lock, never gets the whole body. (A TTL of 6 s: the time
+    left at the start outlasts the server's pause, as in the attack.)"""
+    with (
+        _expiring_lock(etcd_namespace, etcd_endpoints, ttl=6) as (lock, cut),
+        httpx.Client(transport=FencingTransport(lock), timeout=60) as http,
+    ):
+        deadline = cut()
+        sink = HeldSink(resume_at=deadline + 3.0)
+        taker = _take_over(etcd_endpoints, lock.name, deadline + 2.0)
+        try:
+            with pytest.raises(ef.SessionExpiredError):
+                http.put(sink.url + "/upload", **_held_body(shape, deadline, tmp_path))
+            raised_at = time.monotonic()
+            taker.join(15)
+            _check_nothing_after(sink, raised_at, deadline)
+        finally:
+            sink.drop()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("shape", ["async-generator", "bytes", "multipart"])
+async def test_async_write_started_before_the_deadline_does_not_outlive_it(
+    shape: str, etcd_namespace: str, etcd_endpoints: list[str], tmp_path: Path
+) -> None:
+    """The asyncio twin of the test above (asyncio also buffers what the socket does not
+    take and sends it on its own: the transport is aborted on the cut)."""
+    with _expiring_lock(etcd_namespace, etcd_endpoints, ttl=6) as (lock, cut):
+        async with httpx.AsyncClient(transport=AsyncFencingTransport(lock), timeout=60) as http:
+            deadline = await asyncio.to_thread(cut)
+            sink = HeldSink(resume_at=deadline + 3.0)
+            taker = _take_over(etcd_endpoints, lock.name, deadline + 2.0)
+            try:
+                with pytest.raises(ef.SessionExpiredError):
+                    await http.put(sink.url + "/upload", **_held_body(shape, deadline, tmp_path))
+                raised_at = time.monotonic()
+                await asyncio.to_thread(taker.join, 15)
+                await asyncio.to_thread(_check_nothing_after, sink, raised_at, deadline)
+            finally:
+                sink.drop()
+
+
+def _slow_upload(shape: str, tmp_path: Path) -> dict[str, Any]:
+    if shape == "generator":
+        return {"content": (b"y" * 65536 for _ in range(256))}
+    if shape == "async-generator":
+
+        async def chunks() -> Any:
+            for _ in range(256):
+                yield b"y" * 65536
+
+        return {"content": chunks()}
+    return _body(shape, tmp_path)
+
+
+def _check_still_uploading(session: Any, sink: HeldSink, outcome: list[Any]) -> None:
+    """After 3 session TTLs of a healthy session, the upload to the slow reader is
+    still going (no error), and moving."""
+    time.sleep(2.0)
+    got = sink.got
+    time.sleep(4.0)
+    assert not outcome, f"the upload ended: {outcome}"
+    assert not session.expired
+    assert sink.got > got, "the upload stalled"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("shape", ["generator", "bytes", "file", "multipart"])
+def test_a_long_upload_to_a_slow_reader_under_a_live_session_goes_on(
+    shape: str, etcd_namespace: str, etcd_endpoints: list[str], tmp_path: Path
+) -> None:
+    """H1: the write timeout was fixed to the time left at the request's start and
+    replaced the caller's: a healthy, renewing session's upload to a slow reader (4 KB/s)
+    failed with WriteTimeout after one TTL. The caller's timeout (60 s) is kept; the
+    deadline, read at each send, follows the renewals."""
+    sink = HeldSink(rate=4096)
+    outcome: list[Any] = []
+    with ef.Client(etcd_endpoints[0]) as client, client.session(ttl=2) as session:
+        lock = session.lock(etcd_namespace + "/w")
+        lock.acquire()
+        http = httpx.Client(transport=FencingTransport(lock), timeout=60)
+
+        def upload() -> None:
+            try:
+                outcome.append(http.put(sink.url + "/up", **_slow_upload(shape, tmp_path)))
+            except Exception as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=upload, daemon=True)
+        thread.start()
+        try:
+            _check_still_uploading(session, sink, outcome)
+        finally:
+            sink.drop()
+            thread.join(10)
+            http.close()
+        assert not isinstance(outcome[0], (httpx.WriteTimeout, ef.EtcdfenceError)), outcome
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("shape", ["async-generator", "bytes", "multipart"])
+async def test_async_long_upload_to_a_slow_reader_under_a_live_session_goes_on(
+    shape: str, etcd_namespace: str, etcd_endpoints: list[str], tmp_path: Path
+) -> None:
+    """The asyncio twin of the test above."""
+    sink = HeldSink(rate=4096)
+    outcome: list[Any] = []
+    async with ef.AsyncClient(etcd_endpoints[0]) as client, client.session(ttl=2) as session:
+        lock = session.lock(etcd_namespace + "/w")
+        await lock.acquire()
+        async with httpx.AsyncClient(transport=AsyncFencingTransport(lock), timeout=60) as http:
+
+            async def upload() -> None:
+                try:
+                    outcome.append(
+                        await http.put(sink.url + "/up", **_slow_upload(shape, tmp_path))
+                    )
+                except Exception as exc:
+                    outcome.append(exc)
+
+            task = asyncio.create_task(upload())
+            try:
+                await asyncio.to_thread(_check_still_uploading, session, sink, outcome)
+            finally:
+                sink.drop()
+                await asyncio.wait_for(task, 10)
+        assert not isinstance(outcome[0], (httpx.WriteTimeout, ef.EtcdfenceError)), outcome

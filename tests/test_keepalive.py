@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from _contender_proc import Api, api_fixture, lease_ttl, poll, revoke_lease
+from _contender_proc import Api, api_fixture, lease_ttl, poll, revoke_lease, twins
 
 import etcdfence as ef
 
@@ -103,3 +103,55 @@ async def test_keepalives_fail_over_from_a_frozen_member(etcd_cluster: Any) -> N
         finally:
             etcd_cluster.resume(first)
             await asyncio.gather(*(s.aclose() for s in sessions))
+
+
+async def _call(client: Any, fn: Any, *args: Any) -> Any:
+    """Await the asyncio twin's coroutine, or run the sync twin's call in a thread."""
+    if isinstance(client, ef.AsyncClient):
+        return await fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+async def _until(moment: float) -> None:
+    await asyncio.sleep(max(0.0, moment - time.monotonic()))
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("twin", twins())
+async def test_a_silent_member_is_judged_by_the_strictest_patience(
+    etcd_cluster: Any, twin: str
+) -> None:
+    """Sessions of TTL 60 and 10 on one client; the member goes silent (SIGSTOP) just
+    before the 60 s lease's keepalive, so that keepalive is the oldest unanswered one and
+    waits 10 s for its answer. The 10 s lease's keepalive, sent right after it, has 1.7 s
+    of patience: the stream fails over by then and the TTL-10 session survives (judged by
+    the 60 s lease's patience, it expired at its deadline while two members were fine)."""
+    endpoints = list(etcd_cluster.endpoints)
+    client: Any = (ef.AsyncClient if twin == "async" else ef.Client)(endpoints, timeout=5)
+    long: Any = client.session(60)
+    short: Any = client.session(10)
+    paused: int | None = None
+    try:
+        await _call(client, long.open)
+        kept: Any = long._kept
+        await poll(lambda: kept.sent >= 1, 10, "the first keepalive of the TTL-60 lease")
+        due = kept.next_due  # the TTL-60 lease's next keepalive (every 20 s)
+        # the TTL-10 lease keeps alive every 3.33 s: open it so that its first keepalive
+        # leaves 0.3 s after the TTL-60 lease's, both into the silence
+        await _until(due - 10 / 3 + 0.3)
+        await _call(client, short.open)
+        assert short.deadline < due + 7.0  # granted before the silence: expires by then
+        await _until(due - 0.4)
+        paused = endpoints.index(client.endpoint)
+        etcd_cluster.pause(paused)
+        await _until(due + 7.5)  # past the TTL-10 deadline as of the silence
+        assert not short.expired, short.expiry_reason
+        assert not long.expired, long.expiry_reason
+        assert client.endpoint != endpoints[paused]
+    finally:
+        if paused is not None:
+            etcd_cluster.resume(paused)
+        for session in (short, long):
+            await _call(client, session.aclose if twin == "async" else session.close)
+        await _call(client, client.aclose if twin == "async" else client.close)

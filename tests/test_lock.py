@@ -361,3 +361,39 @@ async def test_handoff_right_after_queueing_is_prompt(
         stop.set()
         writer.join(5)
     assert sorted(latencies)[len(latencies) // 2] < 0.025, f"handoff latencies (s): {latencies}"
+
+
+@pytest.mark.parametrize("how", ["delete", "revoke", "release"])
+async def test_watch_key_says_when_etcd_takes_the_held_key(
+    api: Api, etcd_namespace: str, how: str
+) -> None:
+    """``watch_key``: an ``etcdctl del`` of the held key or a revoke of its lease (the
+    lease's keepalive would say so only TTL/3 later: TTL 30) turns ``key_taken()`` true
+    and calls ``on_taken`` once, within a watch event; our own release does not."""
+    name = f"{etcd_namespace}/watched-{how}"
+    async with api.session(ttl=30) as session:
+        lock = session.lock(name)
+        with pytest.raises(ef.NotOwnerError):
+            lock.watch_key()  # nothing held: nothing to watch
+        token = await api(lock.acquire)
+        calls: list[float] = []
+        lock.watch_key(lambda: calls.append(time.monotonic()))
+        lock.watch_key()  # a second call while watching does nothing
+        assert not lock.key_taken()
+        await asyncio.sleep(0.2)  # the watch is up (it starts at the token's revision anyway)
+        taken_at = time.monotonic()
+        if how == "delete":
+            await api(api.client.delete, token.key)
+        elif how == "revoke":
+            await api(api.client.lease_revoke, session.lease_id)
+        else:
+            await api(lock.release)
+        if how == "release":
+            await asyncio.sleep(0.5)
+            assert calls == [] and not lock.key_taken()
+            return
+        await poll(lambda: bool(calls), 5.0, "on_taken was called")
+        assert lock.key_taken() and len(calls) == 1
+        assert calls[0] - taken_at < 2.0, "seen by the watch, not by a keepalive"
+        await asyncio.sleep(0.3)
+        assert len(calls) == 1

@@ -73,13 +73,13 @@ def test_leader_helpers_record(registry: object) -> None:
 
 
 def test_sqlfence_writes_are_measured(registry: object, tmp_path: Path) -> None:
-    fence = SQLFence(sqlite3.connect(tmp_path / "m.db"), table="fences")
+    fence = SQLFence(sqlite3.connect(tmp_path / "m.db"), "ledger", table="fences")
     fence.ensure_schema()
-    with fence.guarded("ledger", 10) as cur:
+    with fence.guarded(10) as cur:
         cur.execute("SELECT 1")
-    fence.advance("ledger", 12)
+    fence.advance(12)
     with capture_logs() as logs, pytest.raises(StaleTokenError):
-        fence.advance("ledger", 9)
+        fence.advance(9)
     h = "etcdfence_fenced_write_seconds"
     assert sample(registry, h + "_count", resource="ledger", backend="sqlite") == 3
     assert (sample(registry, h + "_sum", resource="ledger", backend="sqlite") or 0) > 0

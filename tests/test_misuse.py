@@ -558,14 +558,15 @@ def test_elector_refuses_bad_identities(identity: Any) -> None:
     ],
 )
 async def test_guard_ops_cannot_touch_any_fence_mark(
-    api: Api, op: Any, etcd_namespace: str
+    api: Api, op: Any, etcd_namespace: str, revision_past: Callable[[int], int]
 ) -> None:
     a = api.client.fence("a")
     b = api.client.fence("a/b")
-    await api(b.advance, 10**6)
+    high = revision_past(1000)  # a real revision: a made-up higher one is from the future
+    await api(b.advance, high)
     with pytest.raises(ef.InvalidArgument):
         await api(a.txn, 1, [op])
-    assert await api(b.current) == 10**6
+    assert await api(b.current) == high
     # a zombie with a lower token is still refused by a/b
     with pytest.raises(ef.StaleTokenError):
         await api(b.put, 5, etcd_namespace + "/k", b"zombie")
@@ -575,8 +576,9 @@ async def test_guard_ops_cannot_touch_any_fence_mark(
 
 
 def test_unconfigured_app_sees_no_stdout_and_only_warnings_on_stderr(
-    etcd_endpoints: list[str], etcd_namespace: str
+    etcd_endpoints: list[str], etcd_namespace: str, revision_past: Callable[[int], int]
 ) -> None:
+    revision_past(100)  # the made-up tokens below are not from the future
     script = textwrap.dedent(
         f"""
         import etcdfence as ef
@@ -606,8 +608,12 @@ def test_unconfigured_app_sees_no_stdout_and_only_warnings_on_stderr(
     assert "keepalive_retry" not in proc.stderr and "debug" not in proc.stderr.lower()
 
 
-async def test_structlog_app_gets_events_with_fields(api: Api, etcd_namespace: str) -> None:
+async def test_structlog_app_gets_events_with_fields(
+    api: Api, etcd_namespace: str, revision_past: Callable[[int], int]
+) -> None:
     import structlog
+
+    revision_past(50)  # the made-up tokens below are not from the future
 
     guard = api.client.fence(etcd_namespace + "/s")
     await api(guard.advance, 50)
@@ -618,9 +624,14 @@ async def test_structlog_app_gets_events_with_fields(api: Api, etcd_namespace: s
 
 
 def test_stdlib_logging_app_gets_fields_as_record_attributes(
-    etcd_endpoints: list[str], etcd_namespace: str, caplog: pytest.LogCaptureFixture
+    etcd_endpoints: list[str],
+    etcd_namespace: str,
+    caplog: pytest.LogCaptureFixture,
+    revision_past: Callable[[int], int],
 ) -> None:
     import structlog
+
+    revision_past(9)  # the made-up tokens below are not from the future
 
     saved = structlog.get_config()
     was_configured = structlog.is_configured()

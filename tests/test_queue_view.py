@@ -11,6 +11,8 @@ again; a cancelled crowd waiter leaves no key behind; a crowd costs etcd O(1) pe
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from _contender_proc import Api, api_fixture, keys_under, poll, revoke_lease
 
 import etcdfence as ef
 from etcdfence.testing import FaultProxy
+from etcdfence.testing.procs import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -201,6 +204,89 @@ async def test_crowds_of_two_clients_interleave_in_queue_order(
             await api.close(s)
 
 
+BACKLOG = 1200  # keys another client queues on one lease while the crowd is cut off
+
+
+async def _view_state(api: Api, view: Any) -> tuple[int, dict[bytes, int], dict[bytes, int]]:
+    """The view's revision R, its keys and etcd's keys of the queue at R (key -> create
+    revision): the view must be exact at R."""
+    with view._guard:
+        revision, mine = view._revision, dict(view._keys)
+    prefix = view._prefix.decode()
+    kvs = await api(api.client.get_prefix, prefix, revision=revision)
+    return revision, mine, {bytes(kv.key): int(kv.create_revision) for kv in kvs}
+
+
+async def _assert_exact_once_through(api: Api, view: Any, revision: int) -> None:
+    """Wait until the view has applied ``revision``, then compare it with etcd there."""
+    await poll(
+        lambda: _applied(view, revision), timeout=30, what=f"the view to apply {revision}"
+    )  # reconnect backoff
+    at, mine, etcds = await _view_state(api, view)
+    missed = sorted((r, k) for k, r in etcds.items() if mine.get(k) != r)
+    stale = sorted((r, k) for k, r in mine.items() if etcds.get(k) != r)
+    assert not missed and not stale, (
+        f"view at {at}: {len(missed)} keys missed (first {missed[:3]}), "
+        f"{len(stale)} stale (first {stale[:3]})"
+    )
+
+
+async def _applied(view: Any, revision: int) -> bool:
+    with view._guard:
+        return bool(view._revision >= revision)
+
+
+async def test_a_crowd_view_stays_exact_through_a_partition_that_drops_a_backlog(
+    api: Api, etcd_endpoints: list[str], etcd_namespace: str
+) -> None:
+    """The crowd's client is partitioned (a blackhole that drops bytes) while another
+    client queues a backlog on one lease, then the partition heals and the lease goes
+    (the whole backlog deleted in one revision). The view is exact at its revision all
+    along, and the crowd then acquires one at a time in queue order.
+
+    It drifted (missed every put sent while partitioned, and kept keys etcd had
+    deleted) because ``FaultProxy`` resumed a connection after dropping bytes from its
+    middle — which TCP never does — silently losing whole watch responses."""
+    name = etcd_namespace + "/backlog"
+    with FaultProxy(etcd_endpoints[0]) as proxy:
+        client = await api.new_client([proxy.endpoint])
+        holder = await api.open_session(ttl=10)  # on the direct client
+        sessions = [await api.open_session(ttl=10, client=client) for _ in range(3)]
+        async with ef.AsyncClient(etcd_endpoints) as other:
+            backlog = await other.session(ttl=30).open()
+            try:
+                first = await api(holder.lock(name).acquire)
+                tasks = await _enqueue_crowd(api, name, sessions)
+                view = next(iter(client.connection.queues._views.values()))
+                await _assert_exact_once_through(api, view, await api(api.client.revision))
+                proxy.blackhole()  # the crowd's client hears nothing ...
+                for start in range(0, BACKLOG, 200):  # ... while the queue grows
+                    await asyncio.gather(*(
+                        other.put(f"{name}/zz-{i:04}", "", lease_id=backlog.lease_id)
+                        for i in range(start, min(BACKLOG, start + 200))
+                    ))  # fmt: skip
+                await asyncio.sleep(0.5)  # etcd sent the events into the partition
+                proxy.heal()
+                marker = await other.put(f"{name}/zz-marker", "", lease_id=backlog.lease_id)
+                await _assert_exact_once_through(api, view, marker)
+                await backlog.aclose()  # its lease is revoked: one revision of deletes
+                await _assert_exact_once_through(api, view, marker + 1)
+                await api(holder.lock(name).release)
+                previous = first.value
+                order = await _queue_order(api, name, sessions)
+                for n, i in enumerate(order):
+                    token = await asyncio.wait_for(tasks[i], 30)
+                    assert token.key == sessions[i].lock(name).key and token.value > previous
+                    previous = token.value
+                    await asyncio.sleep(0.05)
+                    assert not any(tasks[j].done() for j in order[n + 1 :]), "two holders"
+                    await api(sessions[i].lock(name).release)
+            finally:
+                await backlog.aclose()
+                for s in [holder, *sessions]:
+                    await api.close(s)
+
+
 async def test_a_crowd_fails_at_once_when_its_view_cannot_follow_etcd(
     etcd_endpoints: list[str], etcd_namespace: str
 ) -> None:
@@ -224,6 +310,107 @@ async def test_a_crowd_fails_at_once_when_its_view_cannot_follow_etcd(
                     await asyncio.wait_for(task, 5)
             assert view.failure is not None
             late = view.join(b"late", 10**9)
-            assert late.woken.is_set() and late.error is view.failure
+            assert late.woken.is_set() and type(late.error) is type(view.failure)
+            assert str(late.error) == str(view.failure) and late.error is not view.failure
         finally:
             await holder.aclose()
+
+
+async def test_a_views_heap_stays_bounded_by_the_live_keys_behind_a_long_hold(
+    api: Api, etcd_namespace: str
+) -> None:
+    """Issue #21: the view's heap dropped a gone key only when it reached the top, so
+    behind a long hold it kept every key that came and went. Bounded by the live keys."""
+    name = etcd_namespace + "/churn"
+    client = await api.new_client()
+    holder = await api.open_session(ttl=30)
+    sessions = [await api.open_session(ttl=30, client=client) for _ in range(10)]
+    try:
+        await api(holder.lock(name).acquire)  # the long hold
+        tasks = await _enqueue_crowd(api, name, sessions[:2])  # a lone waiter and a crowd
+        view = client.connection.queues._views[(name + "/").encode()]
+
+        async def churn(session: Any) -> None:
+            for _ in range(60):  # queue behind the hold and go, 480 times in all
+                assert await api(session.lock(name).try_acquire) is None
+
+        await asyncio.gather(*(churn(s) for s in sessions[2:]))
+        await poll(lambda: _count_is(api, name, 3), timeout=10)
+        live = len(view._keys)
+        assert live <= 3 + len(sessions), view._keys
+        assert len(view._order) <= 2 * live + 64, f"{len(view._order)} heap entries"
+        await api(holder.lock(name).release)
+        for i in await _queue_order(api, name, sessions[:2]):
+            assert (await asyncio.wait_for(tasks[i], 10)).key == sessions[i].lock(name).key
+            await api(sessions[i].lock(name).release)
+    finally:
+        for s in [holder, *sessions]:
+            await api.close(s)
+
+
+WAITERS = 200
+
+
+def _check_own_exceptions(errors: list[BaseException]) -> None:
+    """Each waiter got its own exception object, with a short traceback, quick to format
+    (one shared object grew by each re-raise: N² frames, 12 s to format 200)."""
+    import traceback
+
+    assert len(errors) == WAITERS
+    assert all(isinstance(e, ef.EtcdfenceError) for e in errors), errors[:3]
+    assert len({id(e) for e in errors}) == WAITERS, "one exception object shared by waiters"
+    started = time.monotonic()
+    for error in errors:
+        assert len(traceback.extract_tb(error.__traceback__)) < 40
+        traceback.format_exception(error)
+    assert time.monotonic() - started < 3.0
+
+
+async def test_closing_a_client_gives_each_of_its_waiters_its_own_exception(
+    etcd_endpoints: list[str], etcd_namespace: str
+) -> None:
+    name = etcd_namespace + "/own-async"
+    async with ef.AsyncClient(etcd_endpoints) as direct:
+        holder = await direct.session(ttl=30).open()
+        client = ef.AsyncClient(etcd_endpoints)
+        sessions = [await client.session(ttl=30).open() for _ in range(WAITERS)]
+        try:
+            await holder.lock(name).acquire()
+            tasks = [asyncio.ensure_future(s.lock(name).acquire()) for s in sessions]
+            await poll(lambda: _has(direct, name, WAITERS + 1), timeout=60)
+            await client.aclose()
+            done, _ = await asyncio.wait(tasks, timeout=30)
+            assert len(done) == WAITERS
+            _check_own_exceptions([t.exception() for t in tasks])  # type: ignore[misc]
+        finally:
+            await holder.aclose()
+
+
+def test_closing_a_sync_client_gives_each_of_its_waiters_its_own_exception(
+    etcd_endpoints: list[str], etcd_namespace: str
+) -> None:
+    name = etcd_namespace + "/own-sync"
+    errors: list[BaseException] = []
+
+    def wait(session: Any) -> None:
+        try:
+            session.lock(name).acquire()
+        except BaseException as err:
+            errors.append(err)
+
+    with ef.Client(etcd_endpoints) as direct:
+        holder = direct.session(ttl=30).open()
+        client = ef.Client(etcd_endpoints)
+        sessions = [client.session(ttl=30).open() for _ in range(WAITERS)]
+        try:
+            holder.lock(name).acquire()
+            threads = [threading.Thread(target=wait, args=(s,), daemon=True) for s in sessions]
+            for thread in threads:
+                thread.start()
+            wait_until(lambda: len(direct.get_prefix(name + "/")) == WAITERS + 1, timeout=60)
+            client.close()
+            for thread in threads:
+                thread.join(30)
+            _check_own_exceptions(errors)
+        finally:
+            holder.close()

@@ -35,9 +35,8 @@ from etcdfence.token import MAX_TOKEN
 redis = pytest.importorskip("redis")
 pytest.importorskip("redis.asyncio")
 
+from etcdfence.fence._redis_common import SCRIPT, SHA  # noqa: E402
 from etcdfence.redis import (  # noqa: E402
-    _SCRIPT,
-    _SHA,
     AsyncRedisFence,
     CrossSlotError,
     Delete,
@@ -90,7 +89,8 @@ def resource(r: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     deleted afterwards."""
     name = f"t-{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"
     yield name
-    keys = [f"etcdfence:fence:{{{name}}}", *r.scan_iter(match=f"{{{name}}}*", count=1000)]
+    mark = f"etcdfence:fence:{{{name}}}"
+    keys = [mark, f"{mark}:version", *r.scan_iter(match=f"*{{{name}}}*", count=1000)]
     r.delete(*keys)
 
 
@@ -146,8 +146,9 @@ def test_stale_txn_writes_nothing_and_is_reported(r: Any, resource: str) -> None
     finally:
         metrics.disable_metrics()
     assert rec.scripts() == 1 and [c for kind, c in rec.commands if kind == "lua"] == [
-        f"GET etcdfence:fence:{{{resource}}}"
-    ]  # the script read the mark and wrote nothing
+        f"GET etcdfence:fence:{{{resource}}}",
+        f"GET etcdfence:fence:{{{resource}}}:version",
+    ]  # the script read the mark and the version, and wrote nothing
     assert r.mget(k(resource, "x"), k(resource, "y")) == [b"new", b"new"]
     assert rejected == 1
     (event,) = [e for e in logs if e["event"] == "etcdfence.fence_rejected"]
@@ -186,11 +187,11 @@ def test_marks_compare_as_numbers_across_the_digit_split(r: Any, resource: str) 
     other = RedisFence(r, resource)  # another writer of the same term
     fence.fence_off(10**10 + 1)  # the mark moves to (token, epoch 1)
     assert fence.current_mark() == (10**10 + 1, 1) and other.epoch(10**10 + 1) == 0
-    other.put(10**10 + 1, k(resource, "a"), "other")  # refused at epoch 0, adopts 1, writes
-    assert other.epoch(10**10 + 1) == 1 and r.get(k(resource, "a")) == b"other"
+    other.put(10**10 + 1, k(resource, "a"), "other")  # claims an epoch of its own: 2
+    assert other.epoch(10**10 + 1) == 2 and r.get(k(resource, "a")) == b"other"
     with pytest.raises(ef.StaleTokenError):
         other.put(10**10, k(resource, "a"), "older term")
-    assert r.get(fence.key) == b"00000000010000000001:0000000001"
+    assert r.get(fence.key) == b"00000000010000000001:0000000002"
 
 
 _TOKENS = st.one_of(
@@ -224,8 +225,8 @@ def test_script_orders_marks_as_python_tuples(
     held, offered = pair
     key = f"etcdfence:fence:{{{resource}}}"
     r.set(key, encode_mark(*held))
-    r.script_load(_SCRIPT)
-    reply = r.evalsha(_SHA, 1, key, encode_mark(*offered), "")
+    r.script_load(SCRIPT)
+    reply = r.evalsha(SHA, 2, key, f"{key}:version", encode_mark(*offered), "W", "")
     assert (reply[0] == 1) == (offered >= held), (held, offered, reply)
     assert r.get(key) == encode_mark(*max(held, offered))
 
@@ -330,7 +331,7 @@ def test_tampered_marks_are_errors_not_zero(r: Any, resource: str) -> None:
     r.set(fence.key, "garbage")
     with pytest.raises(ef.ConsistencyError):
         fence.put(1, k(resource, "a"), "v")
-    with pytest.raises(ef.InvalidArgument):
+    with pytest.raises(ef.ConsistencyError):
         fence.current()
     r.delete(fence.key)
     r.hset(fence.key, "f", "v")  # the mark key holds a hash: Redis says WRONGTYPE
@@ -345,9 +346,10 @@ def test_noscript_after_script_flush_recovers(r: Any, resource: str) -> None:
     r.script_flush()  # what a Redis restart does too
     with Recorder(r, resource) as rec:
         fence.put(2, k(resource, "a"), "2")  # NOSCRIPT, SCRIPT LOAD, EVALSHA again
-    # twice, unless another user of this Redis loaded the script in between
-    assert rec.scripts() in (1, 2)
-    assert r.script_exists(_SHA) == [True] and r.get(k(resource, "a")) == b"2"
+    # the claim and the write, each twice unless another user of this Redis loaded
+    # the script in between
+    assert rec.scripts() in (2, 3, 4)
+    assert r.script_exists(SHA) == [True] and r.get(k(resource, "a")) == b"2"
     assert fence.current() == 2
 
 
@@ -616,12 +618,13 @@ def test_partition_outcome_unknown_then_fence_off_after_heal(r: Any, resource: s
         with pytest.raises(ef.OutcomeUnknown) as info:
             fence.put(5, k(resource, "a"), "1")
         assert not info.value.fenced_off and "fence_off" in str(info.value)
-        with pytest.raises(RedisUnavailableError):
+        with pytest.raises(ef.OutcomeUnknown) as cut:
             fence.fence_off(5, timeout=0.5)
+        assert not cut.value.fenced_off
         proxy.heal()
         fence.fence_off(5)
         token, epoch = fence.current_mark()
-        assert token == 5 and epoch >= 2 and epoch == fence.epoch(5)
+        assert token == 5 and epoch >= 1 and epoch == fence.epoch(5)
         assert r.get(k(resource, "a")) == b"0"  # the cut attempt never arrived
         client.close()
 
@@ -644,6 +647,132 @@ def test_held_request_landing_late_is_refused(r: Any, resource: str) -> None:
     assert r.get(k(resource, "a")) == b"next"  # ... and was refused
 
 
+# A value the proxy's buffers (64 chunks of 64 KB) and the kernel's cannot take while
+# the connection is held: the client's send stalls and times out mid-command.
+_STALLING_VALUE = b"s" * (24 * 1024 * 1024)
+
+
+async def _wait_async(cond: Any, timeout: float = 30.0) -> None:
+    """Poll ``cond`` while the event loop runs (a closed asyncio transport still
+    flushes its buffer in the background; a blocking sleep would stop that)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_async_send_timeout_is_unknown_and_the_stray_never_lands_later(
+    r: Any, resource: str
+) -> None:
+    """Issue #21 item 2: redis.asyncio hands the whole command to the transport before
+    drain() times out, and the disconnect flushes it, so the command arrives after the
+    error. It used to be reported as "nothing was written" with the writer's epoch
+    unchanged, and landed over the writer's next acknowledged write."""
+    key = k(resource, "a")
+    with FaultProxy(ADDRESS) as proxy:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=0.5)
+        fence = AsyncRedisFence(client, resource)
+        await fence.put(5, key, "0")  # a connection through the proxy, script loaded
+        assert proxy.hold("upstream") == 1
+        with pytest.raises((ef.OutcomeUnknown, RedisUnavailableError)) as info:
+            await fence.put(5, key, _STALLING_VALUE)
+        await fence.put(5, key, "next")  # acknowledged, on a new connection
+        assert r.get(key) == b"next"
+        proxy.release()  # the stray's bytes reach Redis, after the acknowledged write
+        await _wait_async(lambda: proxy.active_connections <= 1 and proxy.held_bytes == 0)
+        await client.aclose()
+        await _wait_async(lambda: proxy.active_connections == 0)
+    assert r.get(key) == b"next"  # refused by the epoch: it never lands after "next"
+    # ... because the send error was reported as what it is: an unknown outcome
+    assert isinstance(info.value, ef.OutcomeUnknown) and "Timeout writing" in str(info.value)
+    assert info.value.fenced_off and fence.epoch(5) >= 1
+
+
+def test_sync_send_timeout_never_lands_later(r: Any, resource: str) -> None:
+    """The sync twin of the test above: a blocking socket never sends the rest of a
+    command whose send timed out, and Redis never runs an incomplete command."""
+    key = k(resource, "a")
+    with FaultProxy(ADDRESS) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=0.5)
+        fence = RedisFence(client, resource)
+        fence.put(5, key, "0")
+        assert proxy.hold("upstream") == 1
+        with pytest.raises((ef.OutcomeUnknown, RedisUnavailableError)):
+            fence.put(5, key, _STALLING_VALUE)
+        fence.put(5, key, "next")
+        proxy.release()
+        _wait(lambda: proxy.active_connections <= 1 and proxy.held_bytes == 0, 30.0)
+        client.close()
+        _wait(lambda: proxy.active_connections == 0, 30.0)
+    assert r.get(key) == b"next"
+
+
+def _dead_writer(proxy: FaultProxy, put: Any, command_size: int) -> BaseException:
+    """Writer A's last write: its bytes held in the network, its quick fence-off cut
+    off (blackholed), its client gives up. Returns what the write raised."""
+    proxy.hold("upstream")
+    outcome: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            put()
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    proxy.wait_held(command_size)
+    proxy.blackhole()  # A's fence-off cannot reach Redis either
+    thread.join(30)
+    assert not thread.is_alive() and outcome
+    proxy.heal()
+    return outcome[0]
+
+
+@pytest.mark.parametrize("twin", ["sync", "async"])
+def test_a_new_guard_with_the_same_token_never_shares_an_epoch_with_a_lost_write(
+    r: Any, resource: str, twin: str
+) -> None:
+    """Issue #21 item 3: epochs lived in one guard's memory, so a new guard (a restarted
+    writer) with the same token started at the epoch of A's lost write, and the stray
+    landed after its acknowledged write. A guard's first write claims a fresh epoch."""
+    key = k(resource, "a")
+    with FaultProxy(ADDRESS) as proxy:
+        if twin == "sync":
+            client = redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=0.5, retry=None)
+            a: Any = RedisFence(client, resource)
+            a.put(5, key, "v0")
+            lost = _dead_writer(proxy, lambda: a.put(5, key, "stray"), 100)
+            client.close()
+        else:
+
+            async def scenario() -> BaseException:
+                client = redis.asyncio.Redis(
+                    host="127.0.0.1", port=proxy.port, socket_timeout=0.5, retry=None
+                )
+                a = AsyncRedisFence(client, resource)
+                await a.put(5, key, "v0")
+                loop = asyncio.get_running_loop()
+
+                def put() -> None:
+                    asyncio.run_coroutine_threadsafe(a.put(5, key, "stray"), loop).result()
+
+                lost = await asyncio.to_thread(_dead_writer, proxy, put, 100)
+                await client.aclose()
+                return lost
+
+            lost = asyncio.run(scenario())
+        assert isinstance(lost, ef.OutcomeUnknown) and not lost.fenced_off, lost
+        b = RedisFence(r, resource)  # the next incarnation, same token
+        b.put(5, key, "v1")
+        assert r.get(key) == b"v1"
+        with Recorder(r, resource) as rec:
+            proxy.release()
+            _wait(lambda: rec.scripts() > 0)  # the stray reaches Redis ...
+    assert r.get(key) == b"v1"  # ... and is refused
+    assert b.epoch(5) >= 1
+
+
 async def test_cancelled_put_leaves_mark_and_data_consistent(r: Any, resource: str) -> None:
     """Cancel a put whose request is in the network; later the request arrives. At every
     point the mark and the data agree, and the late attempt cannot overwrite."""
@@ -651,20 +780,20 @@ async def test_cancelled_put_leaves_mark_and_data_consistent(r: Any, resource: s
         client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=5)
         fence = AsyncRedisFence(client, resource)
         mark, key = f"etcdfence:fence:{{{resource}}}", k(resource, "a")
-        await fence.put(5, key, "0")
+        await fence.put(6, key, "0")  # epoch 0 of token 6 claimed
         proxy.hold("upstream")
         task = asyncio.ensure_future(fence.put(6, key, "cancelled"))
         await asyncio.to_thread(proxy.wait_held)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert fence.epoch(6) == 1  # the attempt (6, 0) can no longer apply after ours
-        assert r.mget(mark, key) == [b"00000000000000000005", b"0"]  # neither applied
+        assert fence._writer.epochs.owned(6) is None  # (6, 0) given up: never written at again
+        assert r.mget(mark, key) == [b"00000000000000000006", b"0"]  # not applied yet
         with Recorder(r, resource) as rec:
             proxy.release()
             _wait(lambda: rec.scripts() > 0)  # the cancelled attempt arrives, late
         both = r.mget(mark, key)
-        assert both in ([b"00000000000000000005", b"0"], [b"00000000000000000006", b"cancelled"])
+        assert both in ([b"00000000000000000006", b"0"], [b"00000000000000000006", b"cancelled"])
         await fence.put(6, key, "after")  # epoch 1: passes whether or not (6, 0) landed
         assert r.mget(mark, key) == [b"00000000000000000006:0000000001", b"after"]
         await client.aclose()
@@ -675,7 +804,7 @@ async def test_cancelled_put_in_a_paused_server(ar: Any, r: Any, resource: str) 
     moves the writer on; afterwards the mark and the data agree."""
     fence = AsyncRedisFence(ar, resource)
     key = k(resource, "a")
-    await fence.put(5, key, "0")
+    await fence.put(6, key, "0")  # epoch 0 of token 6 claimed
     r.execute_command("CLIENT", "PAUSE", 400, "WRITE")
     try:
         task = asyncio.ensure_future(fence.put(6, key, "paused"))
@@ -687,9 +816,9 @@ async def test_cancelled_put_in_a_paused_server(ar: Any, r: Any, resource: str) 
         r.execute_command("CLIENT", "UNPAUSE")
     time.sleep(0.1)
     mark, data = await fence.current_mark(), r.get(key)
-    assert (mark[0], data) in ((5, b"0"), (6, b"paused"))
-    await fence.fence_off(6)  # now nothing of the cancelled attempt can apply
-    assert await fence.current_mark() == (6, 2)
+    assert mark == (6, 0) and data in (b"0", b"paused")
+    assert await fence.fence_off(6) == 1  # now nothing of the cancelled attempt can apply
+    assert await fence.current_mark() == (6, 1)
     await fence.put(6, key, "final")
     assert r.get(key) == b"final"
 
@@ -806,3 +935,381 @@ def test_readme_snippet_runs(
             namespace["client"].close()
     assert r.mget(k(resource, "latest"), k(resource, "a")) == [b"...", b"1"]
     assert RedisFence(r, resource).current() > 0
+
+
+# ------------------------------------------------------- the fence package's Redis store
+
+
+def test_versions_grow_with_every_accepted_write(r: Any, resource: str) -> None:
+    """put/delete/txn return the resource's version: +1 per accepted write (a claim and
+    its write are one), kept beside the mark; refused writes leave it alone."""
+    fence = RedisFence(r, resource)
+    assert fence.version() == 0
+    seen = [fence.put(5, k(resource, "a"), "1")]  # claims (5, 0) and writes: one script
+    seen.append(fence.put(5, k(resource, "a"), "2"))
+    seen.append(fence.txn(6, [Put(k(resource, "b"), "x"), Delete(k(resource, "a"))]))
+    with pytest.raises(ef.StaleTokenError):
+        fence.put(5, k(resource, "a"), "stale")
+    seen.append(fence.delete(6, k(resource, "b")))
+    fence.advance(7)  # +1
+    other = RedisFence(r, resource)  # another writer of the term: claims above, +1
+    seen.append(other.put(7, k(resource, "a"), "3"))
+    assert seen == [1, 2, 3, 4, 6] and fence.version() == 6
+    assert r.get(fence.version_key) == b"6"
+    assert fence.version_key == fence.key + b":version" and hash_slot(fence.version_key) == (
+        fence.slot
+    )
+
+
+async def test_async_versions_grow(ar: Any, resource: str) -> None:
+    fence = AsyncRedisFence(ar, resource)
+    assert await fence.put(3, k(resource, "a"), "1") == 1
+    assert await fence.delete(3, k(resource, "a")) == 2
+    assert await fence.fence_off(3) == 1 and await fence.version() == 3
+
+
+def test_marks_written_by_0_2_keep_working(r: Any, resource: str) -> None:
+    """A resource fenced by 0.2 has its mark and no counter: the counter starts at 0,
+    the mark still orders writes (a lower token is refused, an equal one claims the
+    next epoch above the 0.2 writer's)."""
+    fence = RedisFence(r, resource)
+    r.set(fence.key, encode_mark(40, 3))  # as 0.2's guard left it
+    r.set(k(resource, "a"), "0.2")
+    with pytest.raises(ef.StaleTokenError):
+        fence.put(39, k(resource, "a"), "stale")
+    assert fence.put(40, k(resource, "a"), "new") == 1
+    assert fence.current_mark() == (40, 4) and r.get(k(resource, "a")) == b"new"
+    r.set(fence.version_key, "not a number")
+    with pytest.raises(ef.ConsistencyError):
+        fence.put(40, k(resource, "a"), "lost")
+    assert r.get(k(resource, "a")) == b"new" and fence.current_mark() == (40, 4)
+
+
+def test_importing_etcdfence_redis_loads_no_grpc_and_no_protobuf() -> None:
+    code = (
+        "import sys, etcdfence.redis\n"
+        "from etcdfence.redis import RedisFence, AsyncRedisFence, Put, Delete\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'grpc'\n"
+        "             or m.startswith('google.protobuf'))\n"
+        "assert not bad, bad\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_hash_slots_match_known_slots() -> None:
+    """Slots Redis itself answers, from the examples of the ``CLUSTER KEYSLOT`` page
+    (redis.io/docs/latest/commands/cluster-keyslot) and of the cluster specification."""
+    assert hash_slot("foo") == 12182
+    assert hash_slot("somekey") == 11058
+    assert hash_slot("foo{hash_tag}") == hash_slot("hash_tag") == 2515
+    assert hash_slot("{user1000}.following") == hash_slot("{user1000}.followers")
+    assert hash_slot(b"{}foo") != hash_slot(b"foo")  # an empty tag is no tag
+
+
+def test_a_lost_write_whose_fence_off_is_refused_is_still_outcome_unknown(
+    r: Any, resource: str
+) -> None:
+    """The quick fence-off after a lost answer can fail with a definite error (here a
+    mark that does not parse). The write's outcome is still unknown: the caller must get
+    OutcomeUnknownError (fenced_off False), never that error — it says "nothing was
+    written" while the lost write did apply."""
+    key = k(resource, "a")
+    with FaultProxy(ADDRESS) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=1.0)
+        fence = RedisFence(client, resource)
+        fence.put(5, key, "0")
+        proxy.hold("downstream")  # the next write runs; its answer stays in the network
+        outcome: list[BaseException] = []
+
+        def put() -> None:
+            try:
+                fence.put(5, key, "1")
+            except BaseException as exc:
+                outcome.append(exc)
+
+        writer = threading.Thread(target=put)
+        writer.start()
+        _wait(lambda: r.get(key) == b"1")
+        r.set(fence.key, "garbage")  # the quick fence-off's claim will be refused
+        writer.join(10)
+        proxy.release()
+        client.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], ef.OutcomeUnknown), outcome
+    assert not outcome[0].fenced_off
+
+
+def test_a_first_write_claims_and_writes_in_one_script(r: Any, resource: str) -> None:
+    """A writer's first write with a token is one EVALSHA over a lower token (a new
+    term: the common case) and two on a resource another writer of the term already
+    marked: the first guess is refused with the mark and the version, the second
+    claims above it only if neither changed (a compare-and-set, as on etcd)."""
+    RedisFence(r, resource).put(1, k(resource, "warm"), "loads the script")
+    with Recorder(r, resource) as fresh:
+        RedisFence(r, resource).put(8, k(resource, "a"), "fresh token")
+    with Recorder(r, resource) as marked:
+        RedisFence(r, resource).put(8, k(resource, "a"), "another writer, same token")
+    assert (fresh.scripts(), marked.scripts()) == (1, 2)
+    assert RedisFence(r, resource).current_mark() == (8, 1)
+
+
+# ---------------------------------------------------- a claim is a compare-and-set
+# A writer's first write with a token claims an epoch in the same script as the write.
+# The claim must be tied to what the writer last saw: held in the network past the
+# client's timeout (the error says fenced_off, the quick fence-off claimed), then
+# released after the writer's next write was acknowledged, it must change nothing.
+
+
+def _settle(proxy: FaultProxy, timeout: float = 5.0) -> None:
+    """Release the held bytes and give Redis time to run them (the stray's connection
+    closes once they are delivered)."""
+    proxy.release()
+    deadline = time.monotonic() + timeout
+    while (proxy.held_bytes or proxy.active_connections) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)
+
+
+async def _asettle(proxy: FaultProxy, client: Any) -> None:
+    """The async _settle: release, let the stray's bytes reach Redis, close the client."""
+    proxy.release()
+    deadline = time.monotonic() + 5
+    while (proxy.held_bytes or proxy.active_connections > 1) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.5)
+    await client.aclose()
+
+
+@pytest.mark.parametrize("later", ["same-fence", "new-fence"])
+@pytest.mark.parametrize("marked", [False, True], ids=["fresh", "marked-below"])
+def test_a_held_first_write_never_lands_after_a_later_acknowledged_write(
+    r: Any, resource: str, later: str, marked: bool
+) -> None:
+    key = k(resource, "a")
+    if marked:
+        RedisFence(r, resource).put(4, k(resource, "old"), "an older term")
+    with FaultProxy(ADDRESS) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=0.5, retry=None)
+        client.ping()  # a pooled connection through the proxy, to be held
+        a = RedisFence(client, resource)
+        proxy.hold("upstream")
+        with pytest.raises(ef.OutcomeUnknown) as info:
+            a.put(5, key, "stray")  # the first write of token 5: claim + write, held
+        assert info.value.fenced_off  # the quick fence-off claimed (5, 0)
+        if later == "same-fence":
+            a.put(5, key, "next")  # acknowledged, on a new connection
+        else:
+            RedisFence(r, resource).put(5, key, "next")  # a restarted writer, same token
+        _settle(proxy)
+        client.close()
+    assert r.get(key) == b"next", f"the held claim + write landed late; mark {r.get(a.key)!r}"
+
+
+async def test_a_held_first_write_never_lands_late_async(r: Any, resource: str) -> None:
+    key = k(resource, "a")
+    with FaultProxy(ADDRESS) as proxy:
+        client = redis.asyncio.Redis(
+            host="127.0.0.1", port=proxy.port, socket_timeout=0.5, retry=None
+        )
+        await client.ping()
+        a = AsyncRedisFence(client, resource)
+        proxy.hold("upstream")
+        with pytest.raises(ef.OutcomeUnknown) as info:
+            await a.put(5, key, "stray")
+        assert info.value.fenced_off
+        await a.put(5, key, "next")
+        await _asettle(proxy, client)
+    assert r.get(key) == b"next", "the held claim + write landed late"
+
+
+async def test_a_cancelled_first_write_never_lands_late(r: Any, resource: str) -> None:
+    """A task cancelled while its first write (claim + write) is in the network; the
+    writer's next write is acknowledged; the cancelled request, delivered later, must
+    be refused (the engine has no epoch to give up for a claim)."""
+    key = k(resource, "a")
+    with FaultProxy(ADDRESS) as proxy:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=5)
+        await client.ping()
+        a = AsyncRedisFence(client, resource)
+        proxy.hold("upstream")
+        task = asyncio.ensure_future(a.put(5, key, "stray"))
+        await asyncio.to_thread(proxy.wait_held, 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await a.put(5, key, "next")  # acknowledged, on a new connection
+        await _asettle(proxy, client)
+    assert r.get(key) == b"next", "a cancelled first write landed after a later acknowledged one"
+
+
+@pytest.mark.parametrize("change", ["write-at-its-epoch", "claim-above"])
+def test_a_claim_against_a_refusal_applies_only_if_mark_and_version_are_unchanged(
+    r: Any, resource: str, change: str
+) -> None:
+    """The second round trip of a first write (the claim above a refused mark) carries
+    that mark and the version beside it; anything applied in between — a write at an
+    owned epoch bumps only the version, a claim moves the mark — makes it refuse."""
+    from etcdfence.fence._redis_common import NO_OPS, Prepared, RedisLayout
+
+    key = k(resource, "a")
+    layout = RedisLayout(resource)
+    owner = RedisFence(r, resource)
+    owner.put(5, key, "owner")
+    seen = (owner.current_mark(), owner.version())
+    stray = Prepared([key.encode()], b"P", [b"stray"])
+    late = layout.command(5, None, stray, seen)  # what a held second round trip carries
+    if change == "write-at-its-epoch":
+        owner.put(5, key, "next")
+    else:
+        RedisFence(r, resource).put(5, key, "next")
+    mark, version = owner.current_mark(), owner.version()
+    assert r.execute_command(*late) == [0, encode_mark(*mark), version]
+    assert r.get(key) == b"next" and owner.version() == version
+    fresh = layout.command(5, None, NO_OPS, (mark, version))
+    assert r.execute_command(*fresh)[0] == 1  # unchanged: the claim applies
+    assert owner.current_mark() == (5, mark[1] + 1)
+
+
+@pytest.mark.parametrize("twin", ["sync", "async"])
+def test_fence_off_on_a_down_redis_resends_until_its_timeout_and_says_not_fenced(
+    twin: str,
+) -> None:
+    """Claims that were not sent (connection refused) are resent, and do not count
+    toward the claim attempts: fence_off waits its whole timeout, then says the earlier
+    attempts may still apply (before the fix: 64 resends, ~3.2 s, fenced_off=True)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    started = time.monotonic()
+    with pytest.raises(ef.OutcomeUnknown) as info:
+        if twin == "sync":
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=10, retry=None)
+            RedisFence(client, "t-down").fence_off(5, timeout=5)
+        else:
+
+            async def go() -> None:
+                client = redis.asyncio.Redis(
+                    host="127.0.0.1", port=port, socket_timeout=10, retry=None
+                )
+                await AsyncRedisFence(client, "t-down").fence_off(5, timeout=5)
+
+            asyncio.run(go())
+    took = time.monotonic() - started
+    assert not info.value.fenced_off and "did not answer" in str(info.value), info.value
+    assert 4.5 <= took < 8, f"gave up after {took:.1f}s"
+
+
+@pytest.mark.parametrize("counter", [b"abc", b"1.5", b"\xff\xfe", b"-3", b"01"])
+def test_a_corrupted_version_counter_is_a_consistency_error(
+    r: Any, resource: str, counter: bytes
+) -> None:
+    f = RedisFence(r, resource)
+    r.set(f.version_key, counter)
+    with pytest.raises(ef.ConsistencyError):
+        f.put(5, k(resource, "a"), "v")
+    with pytest.raises(ef.ConsistencyError) as info:
+        f.version()
+    assert f.version_key.decode() in str(info.value) and repr(counter) in str(info.value)
+
+
+@pytest.mark.parametrize("mark", [b"garbage", b"5", b"00000000000000000005:1", b"\xff"])
+def test_a_corrupted_mark_is_a_consistency_error_for_reads_too(
+    r: Any, resource: str, mark: bytes
+) -> None:
+    f = RedisFence(r, resource)
+    r.set(f.key, mark)
+    with pytest.raises(ef.ConsistencyError):
+        f.put(5, k(resource, "a"), "v")
+    with pytest.raises(ef.ConsistencyError) as info:
+        f.current_mark()
+    assert f.key.decode() in str(info.value) and repr(mark) in str(info.value)
+
+
+# ------------------------------------------------------------ SCRIPT FLUSH, repeated
+
+
+@pytest.fixture
+def own_redis(tmp_path: Any) -> Iterator[str]:
+    """A redis-server of this test's own on a free port (SCRIPT FLUSH is server-wide),
+    stopped by its PID."""
+    import shutil
+    import socket
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=port, socket_timeout=1).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_first_writes_survive_a_script_flush_loop(own_redis: str) -> None:
+    """NOSCRIPT proves nothing ran: the fence loads the script and resends, again when
+    a flush strikes between the load and the resend (bounded). 6 writers x 40 first
+    writes under a SCRIPT FLUSH every millisecond: none fails, every claim moved the
+    mark once, versions are unique and ordered per writer."""
+    host, port = own_redis.rsplit(":", 1)
+    admin = redis.Redis(host=host, port=int(port), socket_timeout=10)
+    stop = threading.Event()
+    flushes = [0]
+
+    def flusher() -> None:
+        while not stop.is_set():
+            admin.script_flush()
+            flushes[0] += 1
+            time.sleep(0.001)
+
+    name = "flush"
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        out = results.setdefault(i, [])
+        client = redis.Redis(host=host, port=int(port), socket_timeout=10)
+        for n in range(40):
+            f = RedisFence(client, name)  # a new writer each time: every write claims
+            try:
+                out.append(f.put(3, f.key_for(f"k{i}"), f"{n}"))
+            except BaseException as exc:
+                errors.append(exc)
+        client.close()
+
+    flushing = threading.Thread(target=flusher)
+    flushing.start()
+    writers = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(120)
+    stop.set()
+    flushing.join()
+    assert not errors, [repr(e) for e in errors[:5]]
+    assert flushes[0] > 50
+    versions = [v for vs in results.values() for v in vs]
+    assert len(set(versions)) == len(versions) == 240
+    for i, vs in results.items():
+        assert vs == sorted(vs)
+        assert admin.get(f"{{{name}}}:k{i}") == b"39"
+    assert RedisFence(admin, name).current_mark() == (3, 239)  # one move per claim
+    admin.close()

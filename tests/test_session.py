@@ -5,7 +5,11 @@ Every test runs on both twins (``api`` is ``sync`` or ``async``).
 
 from __future__ import annotations
 
+import gc
+import sys
+import threading
 import time
+from typing import Any
 
 import pytest
 from _contender_proc import Api, api_fixture, keys_under, lease_ttl, poll, revoke_lease
@@ -165,7 +169,8 @@ async def test_ttl_of_the_wrong_type_is_a_type_error(api: Api, ttl: object) -> N
 async def test_same_name_same_contender(api: Api, etcd_namespace: str) -> None:
     async with api.session(ttl=5) as session:
         name = etcd_namespace + "/x"
-        assert session.lock(name) is session.lock(name)
+        lock = session.lock(name)  # live while referenced (or acquiring, or held)
+        assert session.lock(name) is lock
         assert session.election(name + "e") is session.election(name + "e")
         assert session.lock(name) is not session.lock(name + "2")
         with pytest.raises(ValueError):
@@ -185,3 +190,72 @@ async def test_one_session_many_contenders_one_lease(api: Api, etcd_namespace: s
         ]
     for token in tokens:
         assert await api(api.client.get, token.key) is None
+
+
+async def test_a_session_keeps_only_its_live_contenders(api: Api, etcd_namespace: str) -> None:
+    """Issue #21: a long-lived session kept every contender it ever made (~490 B per name
+    locked once). It keeps the live ones — acquiring, held — and the same name gives the
+    same object while it is live, even when the caller dropped its reference."""
+    import asyncio
+    import gc
+    import weakref
+
+    async with api.session(ttl=30) as session:
+        held = session.lock(etcd_namespace + "/held")
+        await api(held.acquire)
+        ref: weakref.ref[Any] = weakref.ref(held)
+        del held
+        gc.collect()
+        assert session.lock(etcd_namespace + "/held") is ref() is not None
+
+        async def once(i: int) -> None:
+            lock = session.lock(f"{etcd_namespace}/n{i}")
+            await api(lock.acquire)
+            await api(lock.release)
+
+        for start in range(0, 10_000, 25):
+            await asyncio.gather(*(once(i) for i in range(start, start + 25)))
+            # the held one, this round's, and the sync twin's threads' last calls
+            assert len(session._contenders) <= 1 + 2 * 25
+        # (a sync twin's worker thread lets go of its last call a moment after it returned)
+        await poll(lambda: len(session._contenders) == 1, timeout=5, what="idle ones forgotten")
+        assert session.lock(etcd_namespace + "/held") is ref()
+        await api(session.lock(etcd_namespace + "/held").release)
+        await poll(lambda: len(session._contenders) == 0, timeout=5, what="all forgotten")
+
+
+@pytest.mark.integration
+def test_threads_asking_for_one_forgotten_name_get_one_object(
+    etcd_endpoints: list[str], etcd_namespace: str
+) -> None:
+    """Review of issue #21: the registry forgets idle contenders nobody references, and
+    its get-or-create was three steps without a lock, so threads asking ``lock(name)`` at
+    once could get two objects of one name — which share one lease-derived key, so both
+    acquired with the same token. (Seen in 1-3 of 300 rounds before the fix.)"""
+    switch = sys.getswitchinterval()
+    with ef.Client(etcd_endpoints) as client, client.session(ttl=30) as session:
+        sys.setswitchinterval(1e-6)  # threads interleave inside the get-or-create
+        try:
+            for i in range(300):
+                gc.collect()  # the name's previous object is forgotten
+                got = _ask_at_once(session, f"{etcd_namespace}/same{i % 2}")
+                assert len({id(lock) for lock in got}) == 1, (i, got)
+        finally:
+            sys.setswitchinterval(switch)
+
+
+def _ask_at_once(session: Any, name: str, threads: int = 8) -> list[Any]:
+    """``session.lock(name)`` from ``threads`` threads released at once."""
+    start = threading.Barrier(threads)
+    got: list[Any] = []
+
+    def ask() -> None:
+        start.wait()
+        got.append(session.lock(name))
+
+    workers = [threading.Thread(target=ask) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return got

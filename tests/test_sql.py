@@ -36,7 +36,8 @@ from etcdfence.errors import (
     OutcomeUnknown,
     StaleTokenError,
 )
-from etcdfence.sql import SQLFence, TransactionAborted, TransactionInProgress
+from etcdfence.fence.sql._store import SQLStore
+from etcdfence.sql import SQLFence, TransactionAborted, TransactionInProgress, UnboundSQLFence
 from etcdfence.token import FencingToken
 
 REQUIRE_SQL = os.environ.get("ETCDFENCE_REQUIRE_SQL") == "1"
@@ -106,6 +107,15 @@ def _raw_connect(dialect: str, **kw: Any) -> Any:
     raise AssertionError(dialect)
 
 
+def legacy(connection: Any, **kwargs: Any) -> UnboundSQLFence:
+    """``SQLFence(connection, ...)`` without a resource: the 0.2 form, which warns
+    (typed here as what it returns; mypy types SQLFence(...) as the bound fence)."""
+    with pytest.warns(DeprecationWarning, match=r"SQLFence\(connection, resource\)"):
+        fence = SQLFence(connection, **kwargs)
+    assert isinstance(fence, UnboundSQLFence)
+    return fence
+
+
 @dataclass
 class DB:
     """One database variant with a private fences table and a private data table."""
@@ -147,8 +157,9 @@ class DB:
         self._open.append(conn)
         return conn
 
-    def fence(self, conn: Any = None) -> SQLFence:
-        return SQLFence(conn if conn is not None else self.connect(), table=self.fences)
+    def fence(self, conn: Any = None) -> UnboundSQLFence:
+        """A fence in the 0.2 form (these tests are its regression suite)."""
+        return legacy(conn if conn is not None else self.connect(), table=self.fences)
 
     def q(self, sql: str) -> str:
         return sql.replace("{p}", self.ph).replace("{data}", self.data)
@@ -275,7 +286,7 @@ def test_ensure_schema_is_idempotent_and_keeps_marks(db: DB) -> None:
 
 def test_ensure_schema_concurrently_from_several_connections(db: DB) -> None:
     fresh = f"fences_{uuid.uuid4().hex[:8]}"
-    fences = [SQLFence(db.connect(), table=fresh) for _ in range(4)]
+    fences = [legacy(db.connect(), table=fresh) for _ in range(4)]
     barrier = threading.Barrier(len(fences), timeout=10)
     errors: list[BaseException] = []
 
@@ -449,7 +460,7 @@ def test_resource_names_are_exact(db: DB) -> None:
 # -- a block commits whole or not at all (failed statements, ended transactions) ---------
 
 
-def _driver_error(fence: SQLFence) -> type[BaseException]:
+def _driver_error(fence: UnboundSQLFence) -> type[BaseException]:
     """The DB-API base ``Error`` of the fence's driver."""
     driver = sys.modules[type(fence.connection).__module__.split(".")[0]]
     return driver.Error  # type: ignore[no-any-return]
@@ -692,7 +703,7 @@ def test_racing_writers_only_newer_tokens_land(db: DB, writers: int) -> None:
 def test_property_accepted_tokens_never_decrease(db: DB, tokens: list[int]) -> None:
     if not hasattr(db, "_prop_fence"):
         db._prop_fence = db.fence()  # type: ignore[attr-defined]
-    fence: SQLFence = db._prop_fence  # type: ignore[attr-defined]
+    fence: UnboundSQLFence = db._prop_fence  # type: ignore[attr-defined]
     r = _res()
     high = 0
     accepted: list[int] = []
@@ -740,12 +751,10 @@ def test_without_the_check_the_zombie_write_lands(db: DB, monkeypatch: pytest.Mo
     assert refused == ["token 5"]
     assert violations == []
 
-    def fencing_disabled(
-        self: SQLFence, cur: Any, resource: str, token: int, epoch: int
-    ) -> tuple[int, int]:
+    def fencing_disabled(self: SQLStore, cur: Any, token: int, epoch: int) -> tuple[int, int]:
         return token, epoch  # "accept everything": what a fence without the check amounts to
 
-    monkeypatch.setattr(SQLFence, "_check_and_advance", fencing_disabled)
+    monkeypatch.setattr(SQLStore, "_advance", fencing_disabled)
     refused, violations = _zombie_scenario(db)
     assert refused == []
     assert violations == [(5, 9)], "the invariant check must catch the stale write"
@@ -758,14 +767,14 @@ def test_bad_arguments(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "x.db")
     for table in ("", "a-b", "a b", "1abc", 'x"; DROP TABLE y; --', "a.b.c", "t" * 64, 5):
         with pytest.raises(InvalidArgument):
-            SQLFence(conn, table=table)  # type: ignore[arg-type]
+            legacy(conn, table=table)
     with pytest.raises(InvalidArgument):
-        SQLFence(conn, dialect="oracle")
+        legacy(conn, dialect="oracle")
     with pytest.raises(InvalidArgument, match="dialect"):
-        SQLFence(object())
-    assert SQLFence(object(), dialect="postgresql").dialect == "postgresql"
-    assert SQLFence(conn, table="main.fences").table == "main.fences"
-    fence = SQLFence(conn, table="fences")
+        legacy(object())
+    assert legacy(object(), dialect="postgresql").dialect == "postgresql"
+    assert legacy(conn, table="main.fences").table == "main.fences"
+    fence = legacy(conn, table="fences")
     assert fence.dialect == "sqlite"
     fence.ensure_schema()
     for name, exc in (
@@ -785,12 +794,12 @@ def test_bad_arguments(tmp_path: Path) -> None:
 
 
 def test_dialect_detection() -> None:
-    assert SQLFence(sqlite3.connect(":memory:")).dialect == "sqlite"
+    assert legacy(sqlite3.connect(":memory:")).dialect == "sqlite"
     for dialect in ("postgresql", "mysql"):
         _need(dialect)
         conn = _raw_connect(dialect)
         try:
-            assert SQLFence(conn).dialect == dialect
+            assert legacy(conn).dialect == dialect
         finally:
             conn.close()
 

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_sql import DB, PG_DSN, VARIANTS, _mysql_params, _need, _res
+from test_sql import DB, PG_DSN, VARIANTS, _mysql_params, _need, _res, legacy
 from test_sql import db as sql_db  # noqa: F401  (test_sql's parametrized fixture)
 
-from etcdfence.errors import OutcomeUnknown, StaleTokenError
-from etcdfence.sql import SQLFence
+from etcdfence.errors import OutcomeUnknown, StaleTokenError, UnavailableError
+from etcdfence.sql import UnboundSQLFence
 from etcdfence.testing import FaultProxy
 
 T = 40  # the term's token in the fault tests
@@ -58,24 +58,25 @@ def test_ensure_schema_migrates_a_0_1_table(sql_db: DB) -> None:  # noqa: F811
     old, raced = f"old_{uuid.uuid4().hex[:8]}", f"old_{uuid.uuid4().hex[:8]}"
     try:
         _old_table(db, old)
-        fence = SQLFence(db.connect(), table=old)
+        fence = legacy(db.connect(), table=old)
         fence.ensure_schema()
         assert fence.current_mark("r") == (7, 0)  # a 0.1 mark reads as epoch 0
         assert fence.current("r") == 7
-        with fence.guarded("r", 7):
+        with fence.guarded("r", 7):  # a 0.1 writer used (7, 0): this fence claims above
             pass
-        assert fence.fence_off("r", 7) == (7, 1)
-        fence.ensure_schema()  # idempotent
         assert fence.current_mark("r") == (7, 1)
+        assert fence.fence_off("r", 7) == (7, 2)
+        fence.ensure_schema()  # idempotent
+        assert fence.current_mark("r") == (7, 2)
         with pytest.raises(StaleTokenError):
             fence.advance("r", 6)
         # several processes migrating at once
         _old_table(db, raced)
-        fences = [SQLFence(db.connect(), table=raced) for _ in range(3)]
+        fences = [legacy(db.connect(), table=raced) for _ in range(3)]
         barrier = threading.Barrier(len(fences), timeout=10)
         errors: list[BaseException] = []
 
-        def migrate(f: SQLFence) -> None:
+        def migrate(f: UnboundSQLFence) -> None:
             try:
                 barrier.wait()
                 f.ensure_schema()
@@ -95,7 +96,7 @@ def test_ensure_schema_migrates_a_0_1_table(sql_db: DB) -> None:  # noqa: F811
             db.execute(conn, f"DROP TABLE IF EXISTS {name}")
 
 
-def test_same_term_writers_adopt_a_higher_epoch_lower_tokens_stay_stale(sql_db: DB) -> None:  # noqa: F811
+def test_same_term_writers_claim_their_own_epochs_lower_tokens_stay_stale(sql_db: DB) -> None:  # noqa: F811
     db = sql_db
     a, b = db.fence(), db.fence()
     r = _res()
@@ -103,15 +104,15 @@ def test_same_term_writers_adopt_a_higher_epoch_lower_tokens_stay_stale(sql_db: 
     assert a.current_mark(r) == (10, 0)
     assert a.fence_off(r, 10) == (10, 1)
     assert (a.epoch(r, 10), b.epoch(r, 10)) == (1, 0)
-    with b.guarded(r, 10) as cur:  # rejected at epoch 0, adopts 1, re-checks, passes
+    with b.guarded(r, 10) as cur:  # b's first block claims an epoch of its own
         db.insert_log(cur, r, 10)
-    assert b.epoch(r, 10) == 1
+    assert b.epoch(r, 10) == 2
     assert db.log(r) == [10]
-    assert b.current_mark(r) == (10, 1)
-    assert b.fence_off(r, 10) == (10, 2)
-    with a.guarded(r, 10) as cur:  # a adopts 2 the same way
+    assert b.current_mark(r) == (10, 2)
+    assert b.fence_off(r, 10) == (10, 3)
+    with a.guarded(r, 10) as cur:  # a meets epoch 3: refused at 1, claims 4, passes
         db.insert_log(cur, r, 10)
-    assert a.current_mark(r) == (10, 2) and a.epoch(r, 10) == 2
+    assert a.current_mark(r) == (10, 4) and a.epoch(r, 10) == 4
     with pytest.raises(StaleTokenError) as info, b.guarded(r, 9):
         pass
     assert info.value.current == 10  # .current stays the token part
@@ -169,7 +170,7 @@ def _until(predicate: Any, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def _impatient_fence(db: DB) -> SQLFence:
+def _impatient_fence(db: DB) -> UnboundSQLFence:
     """A fence whose row-lock waits give up after a second."""
     conn = db.connect()
     cur = conn.cursor()
@@ -215,14 +216,15 @@ def test_held_commit_blocks_later_writes_until_it_lands(server_db: DB) -> None:
         thread_a.join(20)
         assert isinstance(outcome[0], OutcomeUnknown), outcome
         assert outcome[0].fenced_off is False  # its connection is dead
-        assert fence_a.epoch(r, T) == 1  # moved on before the error was raised
+        assert fence_a.bound(r)._writer.epochs.owned(T) is None  # gave its claim up first
 
         # A later write of the term cannot be acknowledged meanwhile ...
         impatient = _impatient_fence(db)
         driver_error = type(impatient.connection).__module__.split(".")[0]
-        with pytest.raises(Exception) as info, impatient.guarded(r, T) as cur:
+        with pytest.raises(UnavailableError) as info, impatient.guarded(r, T) as cur:
             db.insert_log(cur, r, WRITER_B)
-        assert type(info.value).__module__.startswith(driver_error)  # lock wait timeout
+        # the lock wait timed out: the driver's error, as the cause of the category's
+        assert type(info.value.__cause__).__module__.startswith(driver_error)
         # ... and fencing off waits for the held COMMIT too.
         fence_b = db.fence()
         fenced: list[object] = []
@@ -232,12 +234,12 @@ def test_held_commit_blocks_later_writes_until_it_lands(server_db: DB) -> None:
         assert fenced == []  # blocked on the row lock A's transaction holds
         proxy.release()
         thread_b.join(30)
-        assert fenced == [(T, 1)]
+        assert fenced == [(T, 2)]  # above A's claim of (T, 1), which landed
         assert db.log(r) == [WRITER_A]  # the re-read after fence_off: A did land
         with fence_b.guarded(r, T) as cur:
             db.insert_log(cur, r, WRITER_B)
         assert db.log(r) == [WRITER_A, WRITER_B]  # the newer write stays the last
-        assert fence_b.current_mark(r) == (T, 1)
+        assert fence_b.current_mark(r) == (T, 2)
 
 
 def test_held_check_never_commits(server_db: DB) -> None:
@@ -273,7 +275,7 @@ def test_held_check_never_commits(server_db: DB) -> None:
         proxy.release()
         _until(lambda: proxy.active_connections == 0)  # the server saw A's end of stream
         assert db.log(r) == [WRITER_B]
-        assert fence_b.current_mark(r) == (T, 0)
+        assert fence_b.current_mark(r) == (T, 1)  # fence_b claimed above advance's (T, 0)
 
 
 @pytest.mark.parametrize("epoch_check", [True, False], ids=["epoch", "token-only"])
@@ -316,3 +318,49 @@ def test_one_statement_write_held_in_the_network(server_db: DB, epoch_check: boo
             assert db.log(r) == [WRITER_B]  # the late (T, 0) write was rejected
         else:
             assert db.log(r) == [WRITER_B, WRITER_A]  # it landed after the newer write
+
+
+def test_a_new_fence_never_shares_an_epoch_with_a_held_write_of_an_earlier_one(
+    server_db: DB,
+) -> None:
+    """Issue #21 item 3 on SQL. Writer A (one SQLFence) writes at its epoch; a write of
+    A in the one-request shape, checked at A's (token, epoch), is held in the network
+    and A is gone. B — a new SQLFence with the same token, as after a restart — writes
+    (acknowledged); the held write is released and must be refused. Epochs kept per
+    SQLFence object let B start at A's epoch, and the stray landed after B's write."""
+    db = server_db
+    r = _res()
+    a = db.fence()
+    with a.guarded(r, T) as cur:
+        db.insert_log(cur, r, WRITER_A)
+    stray = db.q(
+        "INSERT INTO {data} (resource, writer) SELECT {p}, {p}"
+        f" FROM {db.fences} WHERE resource = {{p}} AND (token, epoch) <= ({{p}}, {{p}})"
+    ).replace("{p}", db.ph)
+    params = (r, 3, r, T, a.epoch(r, T))  # A's next write (writer 3), at A's epoch
+    with FaultProxy("127.0.0.1:" + ("5432" if db.dialect == "postgresql" else "3306")) as proxy:
+        conn_a = _via(proxy, db, autocommit=True)
+        conn_a.cursor().execute("SELECT 1")
+        assert proxy.hold() == 1
+        ran: list[object] = []
+
+        def send() -> None:
+            cur = conn_a.cursor()
+            try:
+                cur.execute(stray, params)
+                ran.append(cur.rowcount)
+            except Exception as exc:
+                ran.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        proxy.wait_held()
+        b = db.fence()  # the next incarnation: a new SQLFence, same token
+        with b.guarded(r, T) as cur:
+            db.insert_log(cur, r, WRITER_B)  # acknowledged
+        proxy.release()
+        sender.join(20)
+        assert ran and not isinstance(ran[0], Exception), ran  # the stray did run
+    assert db.log(r) == [WRITER_A, WRITER_B], "A's held write landed after B's"
+    assert ran == [0]  # refused: it inserted nothing
+    assert b.epoch(r, T) > a.epoch(r, T)  # never one epoch for two incarnations

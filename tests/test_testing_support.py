@@ -35,6 +35,7 @@ from etcdfence.testing import (
     find_etcdctl,
     make_test_pki,
 )
+from etcdfence.testing.procs import wait_until
 from etcdfence.testing.server import _http_json, etcdctl_env
 
 pytest_plugins = ["pytester"]
@@ -383,10 +384,17 @@ def test_proxy_forwards_and_keeps_scheme(echo: _EchoServer) -> None:
         assert proxy.endpoint == f"https://127.0.0.1:{proxy.port}"
 
 
-def test_proxy_blackhole_drops_silently_and_heal_resumes(echo: _EchoServer) -> None:
-    with FaultProxy(f"http://127.0.0.1:{echo.port}") as proxy, _connect(proxy) as sock:
-        sock.sendall(b"a")
-        assert sock.recv(10) == b"a"
+def test_proxy_blackhole_drops_silently_and_heal_resets_what_lost_bytes(
+    echo: _EchoServer,
+) -> None:
+    """A partition drops bytes silently; a connection that lost bytes never delivers
+    anything after them (TCP delivers in order or breaks): heal resets it. One that lost
+    nothing carries on, and new connections get through once healed."""
+    with FaultProxy(f"http://127.0.0.1:{echo.port}") as proxy:
+        sock, idle = _connect(proxy), _connect(proxy)
+        for s in (sock, idle):
+            s.sendall(b"a")
+            assert s.recv(10) == b"a"
 
         proxy.blackhole()
         assert proxy.blackholed == ("upstream", "downstream")
@@ -398,6 +406,15 @@ def test_proxy_blackhole_drops_silently_and_heal_resumes(echo: _EchoServer) -> N
         assert b"lost" not in echo.received
 
         proxy.heal()
+        with pytest.raises(OSError):  # the gap is never skipped: the connection breaks
+            sock.sendall(b"back")
+            if not sock.recv(10):
+                raise ConnectionResetError("closed")
+        sock.close()
+        idle.sendall(b"idle")  # it lost nothing: it survives the partition
+        assert idle.recv(10) == b"idle"
+        idle.close()
+        sock = _connect(proxy)
         sock.sendall(b"back")
         assert sock.recv(10) == b"back"
 
@@ -405,13 +422,21 @@ def test_proxy_blackhole_drops_silently_and_heal_resumes(echo: _EchoServer) -> N
         sock.sendall(b"one-way")
         assert _silent(sock)
         assert b"one-way" in echo.received
+        sock.sendall(b"still")  # answers lost, but requests still reach the server
+        wait_until(lambda: b"still" in echo.received, timeout=5)
         proxy.heal()
+        with pytest.raises(OSError):
+            sock.sendall(b"more")
+            if not sock.recv(10):
+                raise ConnectionResetError("closed")
+        sock.close()
 
-        proxy.blackhole("upstream", hold=True)  # held, then delivered on heal
-        sock.sendall(b"held")
-        assert _silent(sock)
-        proxy.heal()
-        assert sock.recv(10) == b"held"
+        with _connect(proxy) as sock:
+            proxy.blackhole("upstream", hold=True)  # held, then delivered on heal
+            sock.sendall(b"held")
+            assert _silent(sock)
+            proxy.heal()
+            assert sock.recv(10) == b"held"
 
 
 def test_proxy_delay_adds_latency(echo: _EchoServer) -> None:

@@ -166,3 +166,164 @@ async def test_a_thousand_queued_waiters_use_one_watch_and_one_keepalive_stream(
 
 async def _count(client: Any, name: str, n: int) -> bool:
     return len(await client.get_prefix(name + "/")) == n
+
+
+def _receive_limit(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
+    """Clients made from now on accept responses of at most ``limit`` bytes (the
+    library's 64 MiB, scaled down so that a test needs megabytes, not hundreds)."""
+    from etcdfence._async import connection as async_connection
+    from etcdfence._sync import connection as sync_connection
+
+    monkeypatch.setattr(async_connection, "_MAX_RECEIVE", limit)
+    monkeypatch.setattr(sync_connection, "_MAX_RECEIVE", limit)
+
+
+@pytest.mark.timeout(120)
+async def test_a_paused_watch_catches_up_on_values_beyond_the_receive_limit(
+    api: Api, etcd_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow consumer's watch pauses; meanwhile 12 values of 1 MB land (12 MB of
+    catch-up, three times the 4 MiB receive limit). Resumed, etcd's fragments bring them
+    all, in order, exactly once, on the one stream."""
+    _receive_limit(monkeypatch, 4 * 1024 * 1024)
+    client = await api.new_client()
+    opened = count_streams(client, "Watch")
+    key = etcd_namespace + "/big"
+    watch = client.watch(key, buffer=2)
+    await api(watch.start)
+    try:
+        values = [bytes([65 + i]) * 1_000_000 for i in range(12)]
+        for value in values:  # the consumer reads nothing: the watch pauses after two
+            await api(api.client.put, key, value)
+        await poll(lambda: watch.paused, 10, "the watch paused")
+        got = await _collect(api, watch, 12)
+        assert len(got) == 12 and got == values  # every one, in order, once
+        with pytest.raises(TimeoutError):
+            await api(watch.get, 0.5)
+        assert opened == ["stream:Watch"]  # no reopening: nothing broke the stream
+    finally:
+        await api.close(watch)
+
+
+@pytest.mark.timeout(120)
+async def test_a_watch_that_cannot_resume_gets_an_error_and_the_others_go_on(
+    api: Api, etcd_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One event alone exceeds the receive limit: no fragment can bring it. Its watch's
+    consumer gets a clear error, the stream is not reopened in a loop, and another
+    watch on the same stream keeps its events."""
+    _receive_limit(monkeypatch, 1024 * 1024)
+    client = await api.new_client()
+    opened = count_streams(client, "Watch")
+    big = client.watch(etcd_namespace + "/huge")
+    fine = client.watch(etcd_namespace + "/fine")
+    await api(big.start)
+    await api(fine.start)
+    try:
+        await api(api.client.put, etcd_namespace + "/fine", "before")
+        await api(api.client.put, etcd_namespace + "/huge", b"x" * 1_200_000)
+        await api(api.client.put, etcd_namespace + "/fine", "after")
+        with pytest.raises(ef.EtcdRequestError, match="cannot resume"):
+            await api(big.get, 20.0)
+        assert await _collect(api, fine, 2) == [b"before", b"after"]
+        await asyncio.sleep(2.0)  # a loop would reopen many times a second
+        assert 1 < len(opened) <= 5, opened  # a break, perhaps a retry alone, the blame
+        await api(api.client.put, etcd_namespace + "/fine", "later")
+        assert await _collect(api, fine, 1) == [b"later"]
+    finally:
+        await api.close(big)
+        await api.close(fine)
+
+
+@pytest.mark.timeout(120)
+async def test_a_revision_split_across_fragments_is_delivered_whole(
+    api: Api, etcd_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three large keys per revision (one txn), so etcd's fragments (about 2 MiB: four
+    such events) end in the middle of revisions. The paused prefix watch catches up on
+    eight revisions: every event once, in order, each revision in one batch."""
+    from etcdfence._wire import messages as m
+
+    _receive_limit(monkeypatch, 4 * 1024 * 1024)
+    client = await api.new_client()
+    prefix = etcd_namespace + "/multi/"
+    watch = client.watch(prefix, prefix=True, buffer=2)
+    await api(watch.start)
+    try:
+        expected = []
+        for rev in range(8):
+            puts = []
+            for k in range(3):
+                key, value = f"{prefix}{k}".encode(), bytes([65 + rev]) * 450_000
+                puts.append(m.RequestOp(request_put=m.PutRequest(key=key, value=value)))
+                expected.append((key, value))
+            await api(api.client.txn_raw, m.TxnRequest(success=puts))
+        got: list[tuple[bytes, bytes]] = []
+        while len(got) < len(expected):
+            batch = await api(watch.get, 10.0)
+            revisions = [ev.kv.mod_revision for ev in batch.events]
+            assert len(revisions) % 3 == 0, revisions  # whole revisions only
+            got.extend((ev.kv.key, ev.kv.value) for ev in batch.events)
+        assert got == expected
+        with pytest.raises(TimeoutError):
+            await api(watch.get, 0.5)
+    finally:
+        await api.close(watch)
+
+
+async def _values(api: Api, watch: Any, count: int) -> list[bytes]:
+    """Exactly ``count`` values, then nothing more (no duplicate, nothing late)."""
+    values = await _collect(api, watch, count)
+    with pytest.raises(TimeoutError):
+        await api(watch.get, 0.3)
+    return values
+
+
+@pytest.mark.timeout(240)
+async def test_only_the_watches_whose_responses_are_too_large_get_the_error(
+    api: Api, etcd_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five healthy watches, one whose event alone exceeds the receive limit; while the
+    hub probes for the culprit, another oversized watch is registered and a paused
+    watch resumes. Exactly the two oversized watches get "cannot resume"; every other
+    watch receives all its events, in order, exactly once."""
+    _receive_limit(monkeypatch, 1024 * 1024)
+    client = await api.new_client()
+    hub = client.connection.watches
+    ns = etcd_namespace
+    fines = [client.watch(f"{ns}/fine{i}") for i in range(5)]
+    big = client.watch(f"{ns}/huge")
+    slow = client.watch(f"{ns}/slow", buffer=2)
+    late: Any = None
+    for watch in [*fines, big, slow]:
+        await api(watch.start)
+    try:
+        for i in range(5):
+            await api(api.client.put, f"{ns}/fine{i}", "before")
+        for n in range(3):  # nobody reads: the slow watch pauses
+            await api(api.client.put, f"{ns}/slow", f"s{n}")
+        await poll(lambda: slow.paused, 10, "the slow watch paused")
+        await api(api.client.put, f"{ns}/huge", b"x" * 1_200_000)
+        await poll(hub._probing, 20, "the hub probing for the oversized response")
+        # mid-probe: a new oversized watch, and the paused watch resumes as it is read
+        revision = await api(api.client.put, f"{ns}/huge2", b"y" * 1_200_000)
+        late = client.watch(f"{ns}/huge2", start_revision=revision)
+        late_started = api.spawn(late.start, 60.0)
+        assert await _collect(api, slow, 2) == [b"s0", b"s1"]
+        assert hub._probing()  # both happened while the culprit was still unknown
+        for i in range(5):
+            await api(api.client.put, f"{ns}/fine{i}", "during")
+        for culprit in (big, late):
+            with pytest.raises(ef.EtcdRequestError, match="cannot resume"):
+                await api(culprit.get, 90.0)
+        await late_started
+        await poll(lambda: not hub._probing(), 60, "probing over")
+        for i in range(5):
+            await api(api.client.put, f"{ns}/fine{i}", "after")
+        await api(api.client.put, f"{ns}/slow", "s3")
+        for fine in fines:
+            assert await _values(api, fine, 3) == [b"before", b"during", b"after"]
+        assert await _values(api, slow, 2) == [b"s2", b"s3"]
+    finally:
+        for watch in [*fines, big, slow] + ([late] if late is not None else []):
+            await api.close(watch)

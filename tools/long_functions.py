@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Report functions longer than a limit (80 lines by default) in ``etcdfence/``.
+"""Report functions longer than a limit (80 lines by default) in ``etcdfence/`` and ``bench/``.
 
 A function's length is counted from its ``def`` line (decorators excluded) to its last
 line, docstring and comments included: what a reader has to hold in one sitting. The
@@ -7,7 +7,7 @@ generated twin ``etcdfence/_sync`` is skipped (its length follows ``etcdfence/_a
 Exit status 1 when any function is too long, so ``make lint`` fails; ``--limit N`` and
 paths on the command line change what is checked.
 
-    python tools/long_functions.py                 # etcdfence/, limit 80
+    python tools/long_functions.py                 # etcdfence/ and bench/, limit 80
     python tools/long_functions.py --limit 60 etcdfence/cli
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PATHS = [ROOT / "etcdfence"]
+DEFAULT_PATHS = [ROOT / "etcdfence", ROOT / "bench"]
 EXCLUDED = [ROOT / "etcdfence" / "_sync"]
 
 

@@ -7,18 +7,20 @@ from typing import Any
 
 from .._keys import (
     DEFAULT_FENCE_PREFIX,
+    check_lease_id,
     contender_prefix,
     prefix_range_end,
     to_bytes,
     to_key,
     validate_name,
 )
-from .._txn import range_request
+from .._txn import MAX_TXN_OPS, range_request
 from .._wire import messages as m
 from ..errors import InvalidArgumentError, InvalidTypeError
+from ..fence._async.etcd import AsyncFenceGuard
 from ..types import CallRecord, KeyValue, Leader
 from .connection import AsyncConnection
-from .guard import AsyncFenceGuard
+from .group import MARKER, AsyncGroup
 from .keepalive import AsyncKeepAlives
 from .observe import observe_leader
 from .queue import AsyncQueueViews
@@ -195,13 +197,15 @@ class AsyncClient:
         await self._conn.call("Defragment", m.DefragmentRequest(), timeout=timeout)
 
     async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
-        """Status of the endpoint in use: version, leader member id, db size, revision."""
+        """Status of the endpoint in use: version, cluster id (what every token of this
+        cluster carries as ``cluster_id``), leader member id, db size, revision."""
         response = await self._conn.call(
             "Status", m.StatusRequest(), timeout=timeout, idempotent=True
         )
         return {
             "endpoint": str(self._conn.endpoint),
             "version": response.version,
+            "cluster_id": response.header.cluster_id,
             "member_id": response.header.member_id,
             "leader": response.leader,
             "revision": response.header.revision,
@@ -271,11 +275,46 @@ class AsyncClient:
         proclaimed value, no leader). Survives compaction and broken streams."""
         return observe_leader(self._conn, validate_name(name))
 
+    def group(self, name: str) -> AsyncGroup:
+        """The membership group ``name``: members join on a session's lease (and leave
+        when it ends), with capabilities; ``members()``, ``watch()`` (see :class:`AsyncGroup`)."""
+        return AsyncGroup(self._conn, name)
+
+    async def groups(self, prefix: str = "", *, timeout: float | None = None) -> list[str]:
+        """The names of the groups created under ``prefix`` (keys only; reads every key
+        under it: give groups a prefix of their own)."""
+        raw = to_bytes(prefix, "prefix")
+        request = range_request(raw or b"\x00", prefix=bool(raw), keys_only=True)
+        if not raw:
+            request.range_end = b"\x00"  # the whole keyspace
+        response = await self._conn.call("Range", request, timeout=timeout, idempotent=True)
+        tail = b"/" + MARKER.encode()
+        return [
+            kv.key[: -len(tail)].decode("utf-8", "replace")
+            for kv in response.kvs
+            if kv.key.endswith(tail) and b"/members/" not in kv.key[len(raw) :]
+        ]
+
     def fence(
-        self, resource: str, *, prefix: str = DEFAULT_FENCE_PREFIX, require_owner: bool = False
+        self,
+        resource: str,
+        *,
+        prefix: str = DEFAULT_FENCE_PREFIX,
+        require_owner: bool = False,
+        lock: str | None = None,
+        max_txn_ops: int = MAX_TXN_OPS,
     ) -> AsyncFenceGuard:
-        """The guard that protects ``resource`` with a fencing high-water mark in etcd."""
-        return AsyncFenceGuard(self, resource, prefix=prefix, require_owner=require_owner)
+        """The guard that protects ``resource`` with a fencing high-water mark in etcd;
+        ``lock="jobs/nightly"`` binds it to that lock's tokens; ``max_txn_ops``: the
+        cluster's ``--max-txn-ops`` if not etcd's default (see :class:`AsyncFenceGuard`)."""
+        return AsyncFenceGuard(
+            self,
+            resource,
+            prefix=prefix,
+            require_owner=require_owner,
+            lock=lock,
+            max_txn_ops=max_txn_ops,
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -304,8 +343,4 @@ def _revision(revision: object) -> int:
 
 
 def _lease(lease_id: object) -> int:
-    if isinstance(lease_id, bool) or not isinstance(lease_id, int):
-        raise InvalidTypeError(f"lease_id must be int, got {type(lease_id).__name__}")
-    if lease_id < 0:
-        raise InvalidArgumentError(f"lease_id must be >= 0, got {lease_id}")
-    return lease_id
+    return check_lease_id(lease_id)

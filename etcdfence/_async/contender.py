@@ -29,6 +29,7 @@ or being acquired raises :class:`AlreadyHeldError`.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,9 +42,10 @@ from ..errors import (
     AlreadyHeldError,
     CompactedError,
     EtcdfenceError,
-    EtcdUnavailableError,
     LeaseNotFoundError,
+    NotOwnerError,
     SessionExpiredError,
+    UnavailableError,
 )
 from ..token import FencingToken
 from . import _compat
@@ -52,6 +54,81 @@ from .watch import AsyncWatch
 if TYPE_CHECKING:
     from .queue import AsyncQueueViews
     from .session import AsyncSession
+
+
+#: Reason a :class:`KeyMonitor` gives when etcd deleted the key it watches.
+KEY_DELETED = "key deleted"
+
+
+class KeyMonitor:
+    """Watches one held key (a lock's, a leader's) from its token's revision on and
+    calls ``on_end(reason, deleted)`` once when the watch ends: ``deleted`` when etcd
+    deleted the key (``etcdctl del``, a revoke, the lease's expiry on the server), else
+    it lost track of it (``reason`` says why). Not after :meth:`aclose`.
+
+    Compaction is not a loss: when the watch falls behind a compaction (after a
+    broken stream, say), the key is re-read; the hold goes on if it is still our
+    incarnation, and watching resumes after that read.
+    """
+
+    def __init__(self, conn: Any, token: FencingToken, on_end: Callable[[str, bool], None]) -> None:
+        self._conn = conn
+        self._key = (token.key or "").encode("utf-8")
+        self._create_revision = token.create_revision
+        self._on_end = on_end
+        self._guard = threading.Lock()
+        self._closed = False
+        self._watch: AsyncWatch | None = None
+        self._task = _compat.Background(
+            self._run, token.value + 1, name=f"etcdfence-key-{self._key!r}"
+        )
+
+    def _adopt(self, watch: AsyncWatch) -> bool:
+        with self._guard:
+            if self._closed:
+                return False
+            self._watch = watch
+            return True
+
+    async def _run(self, start_revision: int) -> None:
+        try:
+            while True:
+                watch = AsyncWatch(self._conn, self._key, start_revision=start_revision)
+                if not self._adopt(watch):
+                    return
+                try:
+                    await watch.start()
+                    async for batch in watch:
+                        if any(ev.type == "delete" for ev in batch.events):
+                            self._end(KEY_DELETED, deleted=True)
+                            return
+                    return  # closed
+                except CompactedError:
+                    read = await self._conn.call(
+                        "Range", _txn.range_request(self._key), idempotent=True
+                    )
+                    if not read.kvs or read.kvs[0].create_revision != self._create_revision:
+                        self._end(KEY_DELETED, deleted=True)
+                        return
+                    start_revision = int(read.header.revision) + 1
+                finally:
+                    await watch.aclose()
+        except EtcdfenceError as err:
+            self._end(f"lost track of the key: {err}", deleted=False)
+
+    def _end(self, reason: str, *, deleted: bool) -> None:
+        if not self._closed:
+            self._on_end(reason, deleted)
+
+    async def aclose(self, timeout: float = 1.0) -> None:
+        """Stop watching (no ``on_end`` from now on); wait up to ``timeout`` for the end."""
+        with self._guard:
+            self._closed = True
+            watch = self._watch
+        if watch is not None:
+            await watch.aclose()
+        self._task.cancel()
+        await self._task.join(timeout)
 
 
 @dataclass
@@ -68,6 +145,10 @@ class AsyncContender:
     """Base of :class:`AsyncLock` and :class:`AsyncElection`."""
 
     _kind = "contender"
+    #: How many holders at once: those with fewer than this many keys ahead (the
+    #: semaphore's N; 1 for a lock, an election and each side of a read-write lock).
+    _permits = 1
+    _reads_values = False  # the acquire's read of the first keys brings their values
 
     def __init__(self, session: AsyncSession, name: str) -> None:
         self.name = validate_name(name)
@@ -82,7 +163,8 @@ class AsyncContender:
         self._state_lock = threading.Lock()  # callers may be threads (sync twin)
         self._stray: bytes | None = None  # a key we failed to withdraw (see _withdraw)
         self._hold: Hold | None = None  # the current hold, for events and metrics
-        session.on_expired(self._session_expired)
+        self._monitor: KeyMonitor | None = None  # watch_key()'s watch of the held key
+        self._key_deleted = False  # that watch saw etcd delete the held key
 
     @property
     def session(self) -> AsyncSession:
@@ -91,12 +173,82 @@ class AsyncContender:
     @property
     def key(self) -> str:
         """This contender's key, ``name/<lease hex>``."""
-        return contender_key(self.name, self._session.lease_id)
+        return self._key_of(self._session.lease_id)
+
+    def _key_of(self, lease_id: int) -> str:
+        """Where this contender queues for a lease (Go/etcdctl: ``name/<lease hex>``);
+        ``self._prefix`` is what it queues behind (``name/``)."""
+        return contender_key(self.name, lease_id)
+
+    @property
+    def _pin_key(self) -> str:
+        """This contender's entry in its session's registry of live contenders."""
+        return self.name
+
+    @property
+    def _lock_name(self) -> str:
+        """The ``lock`` of this contender's tokens: its key without ``/<lease hex>``."""
+        return self.name
 
     @property
     def token(self) -> FencingToken | None:
-        """The token of the current hold/term, ``None`` when not held."""
-        return self._token
+        """The token of the current hold/term, ``None`` when not held — nor once the
+        session expired (its local deadline passed: the same answer as ``check()``)."""
+        token = self._token
+        return None if token is None or self._session.expired else token
+
+    def watch_key(self, on_taken: Callable[[], Any] | None = None) -> None:
+        """Watch the held key until it is released: from the moment etcd deletes it
+        (``etcdctl del``, a revoke of the lease, its expiry on the server),
+        :meth:`key_taken` is true and ``on_taken()`` runs once (in the
+        background: keep it quick); also when a keepalive answer says the
+        lease is gone. For work that must end the moment another process may hold the
+        key — ``etcdfence lock`` kills its command then. A second call while watching
+        does nothing. Raises :class:`NotOwnerError` when nothing is held."""
+        token = self._token
+        if token is None or token.key is None or self._session.expired:
+            raise NotOwnerError(f"{self._kind} {self.name!r} is not held: nothing to watch")
+        if self._monitor is not None:
+            return
+        fired = threading.Event()
+
+        def taken() -> None:
+            if on_taken is not None and not fired.is_set():
+                fired.set()
+                on_taken()
+
+        def ended(reason: str, deleted: bool) -> None:
+            if not deleted:  # the local deadline still bounds the hold
+                log.warning("etcdfence.key_watch_lost", contender=self.name, error=reason)
+                return
+            self._key_deleted = True
+            self._lose_hold("deleted")
+            taken()
+
+        self._session.on_expired(lambda: taken() if self.key_taken() else None)
+        self._monitor = KeyMonitor(self._conn, token, ended)
+
+    def key_taken(self) -> bool:
+        """Whether etcd has taken the held key away: :meth:`watch_key`'s watch saw it
+        deleted, or a keepalive answer said the session's lease is gone on the server.
+        From then on another process may already hold it: work still running must end
+        at once, a grace period protects nothing. False while the key is ours, when
+        nothing is held, and when only the session's local deadline passed (etcd may
+        still hold the lease). No I/O; safe from any thread."""
+        if self._key_deleted:
+            return True
+        return self._create_revision != 0 and self._session._gone_on_server()
+
+    async def _unwatch(self, timeout: float | None) -> None:
+        """Stop :meth:`watch_key`'s watch (before our own delete, which it must not
+        report as taken)."""
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:
+            await monitor.aclose(1.0 if timeout is None else min(timeout, 1.0))
+
+    def _check_queue(self, first: Any) -> None:
+        """Check the first-created keys the acquire read (a semaphore checks their
+        permits); raising withdraws our key."""
 
     def _claim(self) -> None:
         with self._state_lock:
@@ -107,10 +259,25 @@ class AsyncContender:
                     "contender"
                 )
             self._state = "acquiring"
+        try:
+            self._session.pin(self)  # refuses a name nested in a live one's
+        except BaseException:
+            self._set_state(None)
+            raise
 
     def _set_state(self, state: str | None) -> None:
         with self._state_lock:
             self._state = state
+        self._repin()
+
+    def _repin(self) -> None:
+        """Tell the session this contender's state changed (see ``AsyncSession.pin``)."""
+        self._session.pin(self)
+
+    def live(self) -> bool:
+        """Acquiring, held, or owing the withdrawal of a key (the session keeps it)."""
+        with self._state_lock:
+            return self._state is not None or self._stray is not None
 
     async def _contend(self, value: bytes, timeout: float | None) -> FencingToken:
         """Enqueue, wait for our turn, return the token. Every other way out of here —
@@ -128,20 +295,24 @@ class AsyncContender:
         except BaseException:
             self._set_state(None)
             raise
-        attempt = _Attempt(contender_key(self.name, lease_id).encode("utf-8"), lease_id)
+        attempt = _Attempt(self._key_of(lease_id).encode("utf-8"), lease_id)
         queues: AsyncQueueViews = self._conn.queues
         crowd = queues.enter(self._prefix)  # another of this client's contenders is queued here
         try:
             response = await self._enqueue(attempt, value, crowd)
+            if not crowd:
+                self._check_queue(response.responses[1].response_range.kvs)
             if crowd:
-                revision = await self._wait_in_crowd(attempt, deadline)
+                header = await self._wait_in_crowd(attempt, deadline)
+            elif _txn.admitted(
+                response.responses[1].response_range.kvs, attempt.revision, self._permits
+            ):
+                header = response.header
+            elif self._permits > 1:  # no one key ahead to watch: wait in the shared view
+                header = await self._wait_in_crowd(attempt, deadline)
             else:
-                owner = response.responses[1].response_range.kvs
-                if owner and owner[0].create_revision == attempt.revision:
-                    revision = int(response.header.revision)
-                else:
-                    revision = await self._wait_for_turn(attempt.key, attempt.revision, deadline)
-            token = self._won(revision, attempt.key, attempt.revision, lease_id)
+                header = await self._wait_for_turn(attempt.key, attempt.revision, deadline)
+            token = self._won(header, attempt.key, attempt.revision, lease_id)
         except BaseException:
             await self._abandon(attempt)
             raise
@@ -149,7 +320,14 @@ class AsyncContender:
             queues.exit(self._prefix)
         self._set_state("held")
         waited = _compat.monotonic() - started
-        self._hold = Hold(self._kind, self.name, token.value, token.key or "", waited)
+        self._hold = Hold(
+            self._kind,
+            self.name,
+            token.value,
+            token.key or "",
+            waited,
+            lambda: not self._session.expired,
+        )
         return token
 
     async def _enqueue(self, attempt: _Attempt, value: bytes, crowd: bool) -> Any:
@@ -163,7 +341,14 @@ class AsyncContender:
             if crowd:
                 request = _txn.enqueue_txn(attempt.key, value, attempt.lease_id)
             else:
-                request = _txn.acquire_txn(attempt.key, value, attempt.lease_id, self._prefix)
+                request = _txn.acquire_txn(
+                    attempt.key,
+                    value,
+                    attempt.lease_id,
+                    self._prefix,
+                    self._permits,
+                    values=self._reads_values,
+                )
             attempt.request = _compat.spawn(self._conn.call("Txn", request, idempotent=True))
             response = await _compat.settle(attempt.request)
         except LeaseNotFoundError:  # revoked or run out before the keepalive could tell us
@@ -196,10 +381,19 @@ class AsyncContender:
         finally:
             self._set_state(None)
 
-    def _won(self, revision: int, key: bytes, create_revision: int, lease_id: int) -> FencingToken:
+    def _won(self, header: Any, key: bytes, create_revision: int, lease_id: int) -> FencingToken:
+        """The token of a won acquire: ``header`` is the ResponseHeader of the answer that
+        showed us first (its revision is the token, its cluster id the token's cluster;
+        0, protobuf's unset, from a server that sends none, is no cluster)."""
         self._session.check()
+        self._key_deleted = False
         self._token = FencingToken(
-            revision, key=key.decode("utf-8"), create_revision=create_revision, lease_id=lease_id
+            int(header.revision),
+            key=key.decode("utf-8"),
+            create_revision=create_revision,
+            lease_id=lease_id,
+            lock=self._lock_name,
+            cluster_id=int(header.cluster_id) or None,
         )
         return self._token
 
@@ -218,13 +412,16 @@ class AsyncContender:
                 read = await self._conn.call("Range", _txn.range_request(key), idempotent=True)
                 if not read.kvs:
                     self._stray = None
+                    self._repin()
                     return True
                 create_revision = int(read.kvs[0].create_revision)
             await self._conn.call("Txn", _txn.guarded_delete(key, create_revision), idempotent=True)
             self._stray = None
+            self._repin()
             return True
         except EtcdfenceError as err:
             self._stray = key
+            self._repin()
             log.warning(
                 "etcdfence.withdraw_failed",
                 contender=self.name,
@@ -233,14 +430,15 @@ class AsyncContender:
             )
             return False
 
-    async def _wait_in_crowd(self, attempt: _Attempt, deadline: float | None) -> int:
+    async def _wait_in_crowd(self, attempt: _Attempt, deadline: float | None) -> Any:
         """Wait in this client's shared view of the queue (``queue.py``) until our key is
-        first, then confirm with a read of our key alone; return that read's revision."""
+        first, then confirm with a read of our key alone; return that read's header
+        (its revision is the token)."""
         queues: AsyncQueueViews = self._conn.queues
         view = queues.join(self._prefix)
         turn = None
         try:
-            turn = view.join(attempt.key, attempt.revision)
+            turn = view.join(attempt.key, attempt.revision, self._permits)
             with self._session.waiting(turn):
                 self._session.check()
                 remaining = None if deadline is None else deadline - _compat.monotonic()
@@ -251,7 +449,12 @@ class AsyncContender:
                 read = await self._read_txn(_txn.own_key_read(attempt.key))
                 self._check_mine(read, attempt.key, attempt.revision)
                 revision: int = read.header.revision
-                return revision
+                if revision < turn.judged_at:  # a linearizable read cannot be older
+                    raise UnavailableError(
+                        f"etcd answered a linearizable read at revision {revision}, below "
+                        f"the revision {turn.judged_at} the queue view had applied"
+                    )
+                return read.header
         finally:
             queues.leave(self._prefix, view, turn)
 
@@ -264,9 +467,9 @@ class AsyncContender:
                 "waiting, so no ownership is granted"
             )
 
-    async def _wait_for_turn(self, my_key: bytes, my_rev: int, deadline: float | None) -> int:
+    async def _wait_for_turn(self, my_key: bytes, my_rev: int, deadline: float | None) -> Any:
         """Wait until no key with a lower create revision is left under the prefix and
-        return the revision of the read that saw it (the token).
+        return the header of the read that saw it (its revision is the token).
 
         Every read also re-reads our own key (same txn, no extra round trip): once it is
         gone — lease expired or revoked, key deleted — we stop at once with
@@ -278,8 +481,7 @@ class AsyncContender:
             self._check_mine(read, my_key, my_rev)
             ahead = read.responses[1].response_range.kvs
             if not ahead:
-                revision: int = read.header.revision  # ours exists, nobody ahead: we own it
-                return revision
+                return read.header  # ours exists, nobody ahead: we own it
             if deadline is not None and deadline <= _compat.monotonic():
                 raise AcquireTimeoutError(f"{self._kind} {self.name!r} not acquired in time")
             await self._wait_gone(ahead[0], read.header.revision, deadline)
@@ -298,7 +500,7 @@ class AsyncContender:
                     wait = min(wait, max(0.0, deadline - _compat.monotonic()))
                 try:
                     await watch.start(wait)
-                except EtcdUnavailableError:  # not confirmed in time: re-read (or time out) instead
+                except UnavailableError:  # not confirmed in time: re-read (or time out) instead
                     if deadline is not None and deadline <= _compat.monotonic():
                         raise AcquireTimeoutError(
                             f"{self._kind} {self.name!r} not acquired in time"
@@ -332,8 +534,9 @@ class AsyncContender:
         now = await self._conn.call("Range", _txn.range_request(kv.key), idempotent=True)
         return bool(now.kvs and now.kvs[0].create_revision == kv.create_revision)
 
-    async def _delete_key(self) -> bool:
+    async def _delete_key(self, timeout: float | None = None) -> bool:
         """Delete our key if it is still the incarnation we created; True if it was.
+        ``timeout``: how long the delete may take (default: the connection's).
 
         Skipped when the session is known to be expired (the lease took the key, or
         will within its TTL). Also withdraws a key an earlier failed acquire could not
@@ -350,16 +553,19 @@ class AsyncContender:
         if self._stray is not None:  # a failed acquire left a key we could not withdraw
             stray = self._stray
             if not await self._withdraw(stray, None):
-                raise EtcdUnavailableError(
+                raise UnavailableError(
                     f"could not withdraw {stray.decode('utf-8', 'replace')}: etcd unreachable"
                 )
         if not rev or token is None or token.key is None:
             return False
         key = token.key.encode("utf-8")
         try:
-            response = await self._conn.call("Txn", _txn.guarded_delete(key, rev), idempotent=True)
+            response = await self._conn.call(
+                "Txn", _txn.guarded_delete(key, rev), timeout=timeout, idempotent=True
+            )
         except EtcdfenceError:
             self._stray = key
+            self._repin()
             raise
         return bool(response.succeeded)
 
@@ -393,14 +599,15 @@ class AsyncContender:
         token = self._token
         if token is None or token.key is None or self._session.expired:
             return False
-        read = await self._read_txn(_txn.ownership_read(token.key.encode("utf-8"), self._prefix))
+        read = await self._read_txn(
+            _txn.ownership_read(token.key.encode("utf-8"), self._prefix, self._permits)
+        )
         mine = read.responses[0].response_range.kvs
-        owner = read.responses[1].response_range.kvs
+        first = read.responses[1].response_range.kvs
         return bool(
             mine
             and mine[0].create_revision == self._create_revision
-            and owner
-            and owner[0].create_revision == self._create_revision
+            and _txn.admitted(first, self._create_revision, self._permits)
             and not self._session.expired
         )
 
@@ -408,6 +615,12 @@ class AsyncContender:
 
     def _end_hold(self, reason: str) -> None:
         hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.end(reason)
+
+    def _lose_hold(self, reason: str) -> None:
+        """The hold is known lost (``reason``: expired, deleted) before it is given up."""
+        hold = self._hold
         if hold is not None:
             hold.end(reason)
 
@@ -422,11 +635,12 @@ class AsyncContender:
         deliberate release."""
         self._end_hold("resigned")
 
-    async def _give_up(self) -> bool:
+    async def _give_up(self, timeout: float | None = None) -> bool:
         """Release (see :meth:`_delete_key`) and report how the hold ended."""
         deleted: bool | None = None
         try:
-            deleted = await self._delete_key()
+            await self._unwatch(timeout)
+            deleted = await self._delete_key(timeout)
             return deleted
         finally:
             if self._session.expired:

@@ -58,9 +58,12 @@ class AsyncElection(AsyncContender):
         revision: int = response.header.revision
         return revision
 
-    async def resign(self) -> None:
-        """Step down (no-op if not leading). The delete is guarded by create revision."""
-        await self._give_up()
+    async def resign(self, timeout: float | None = None) -> None:
+        """Step down (no-op if not leading). The delete is guarded by create revision.
+
+        ``timeout`` bounds the delete (default: the client's timeout), e.g. to fit a
+        stop budget; if etcd does not answer in time the key goes with the lease."""
+        await self._give_up(timeout)
 
     async def is_leader(self) -> bool:
         """Whether etcd still says this candidate leads."""

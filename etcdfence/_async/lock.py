@@ -19,18 +19,23 @@ class AsyncLock(AsyncContender):
 
     _kind = "lock"
 
+    @property
+    def _value(self) -> bytes:
+        """What this contender's key holds (empty, as Go's mutex and etcdctl write)."""
+        return b""
+
     async def acquire(self, timeout: float | None = None) -> FencingToken:
         """Wait for the lock (forever, or ``timeout`` seconds) and return its token.
 
         Raises :class:`AcquireTimeoutError` (our queued key is removed) or
         :class:`SessionExpiredError` (the session's lease was lost while waiting).
         """
-        return await self._contend(b"", timeout)
+        return await self._contend(self._value, timeout)
 
     async def try_acquire(self) -> FencingToken | None:
         """Take the lock if it is free right now, else return ``None`` (no key is left behind)."""
         try:
-            return await self._contend(b"", 0)
+            return await self._contend(self._value, 0)
         except TimeoutError:
             return None
 

@@ -4,29 +4,34 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import metrics
 from .._keys import validate_name
 from .._log import log
+from .._raise import own_copy
 from .._wire import messages as m
 from ..errors import (
     EtcdfenceError,
-    EtcdRequestError,
     InvalidArgumentError,
     InvalidTypeError,
     LeaseNotFoundError,
+    RequestError,
     SessionExpiredError,
 )
 from . import _compat
 from .election import AsyncElection
 from .keepalive import KeptLease
 from .lock import AsyncLock
+from .rwlock import AsyncRWLock
+from .semaphore import AsyncSemaphore, validate_permits
 
 if TYPE_CHECKING:
     from .client import AsyncClient
     from .connection import AsyncConnection
+    from .contender import AsyncContender
 
 
 #: etcd's largest lease TTL in seconds (``MaxLeaseTTL`` in etcd's server/lease/lessor.go).
@@ -90,10 +95,18 @@ class AsyncSession:
         self._interrupted: BaseException | None = None
         self._callbacks: list[Callable[[], Any]] = []
         self._waiters: list[Interruptible] = []
-        self._contenders: dict[str, AsyncLock | AsyncElection] = {}
+        # session.lock(name) is the same object while it is live: weakly here, and
+        # strongly in _pinned while it is acquiring, held, or owes a withdrawal — so a
+        # long-lived session keeps only its live contenders, not every name it ever used
+        self._contenders: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        self._pinned: dict[str, AsyncContender] = {}
+        # get-or-create and pinning are one step each: two threads asking lock(name) of
+        # a forgotten name must not make two objects (they would share one key)
+        self._registry_lock = threading.Lock()
         self._open_lock = _compat.Lock()
         self._state_lock = threading.Lock()  # guards expiry in the threaded twin too
         self._kept: KeptLease | None = None  # the lease as the client's keepalives track it
+        self._loop: Any = None  # the event loop the session was opened on (async twin)
 
     # -- properties ------------------------------------------------------------------
 
@@ -118,13 +131,19 @@ class AsyncSession:
 
     @property
     def expired(self) -> bool:
-        """True once the lease is lost, the local deadline passed, or the session closed."""
-        return self._expired.is_set()
+        """True once the lease is lost, the local deadline passed, or the session closed.
+
+        Answered by :meth:`_lost`, like :meth:`check`, a contender's ``token`` and an
+        elector's ``is_leader()``: read right after a pause past the deadline, before
+        the keepalive worker noticed, it is already true."""
+        return self._lost()
 
     @property
     def expiry_reason(self) -> str | None:
         """Why the session expired (``None`` while it has not)."""
-        return self._expiry_reason if self._expired.is_set() else None
+        if not self._lost():
+            return None
+        return self._expiry_reason or "local deadline passed"  # (expiring on its loop)
 
     @property
     def deadline(self) -> float:
@@ -154,8 +173,9 @@ class AsyncSession:
                 "LeaseGrant", m.LeaseGrantRequest(TTL=self._requested_ttl), on_send=sent.append
             )
             if response.error:
-                raise EtcdRequestError(f"etcd refused the lease: {response.error}")
+                raise RequestError(f"etcd refused the lease: {response.error}")
             self._ttl = int(response.TTL)
+            self._loop = _compat.owner_loop()
             self._deadline = sent[-1] + self._ttl - self._margin
             self._lease_id = int(response.ID)
             self._kept = KeptLease(
@@ -198,27 +218,55 @@ class AsyncSession:
         """Raise :class:`SessionExpiredError` if the session can no longer be used (or the
         error given to :meth:`interrupt_waiters`)."""
         if self._interrupted is not None:
-            raise self._interrupted
-        if self._expired.is_set():
-            raise SessionExpiredError(f"session expired: {self._expiry_reason}")
-        if self._lease_id is not None and _compat.monotonic() >= self.deadline:
-            self._expire("local deadline passed")
-            raise SessionExpiredError(f"session expired: {self._expiry_reason}")
+            raise own_copy(self._interrupted)  # each raise its own traceback
+        if self._lost():
+            raise SessionExpiredError(f"session expired: {self.expiry_reason}")
 
-    async def aclose(self) -> None:
-        """Revoke the lease (releasing every lock and leadership at once) and stop."""
+    def _lost(self) -> bool:
+        """The one answer to "is this session's lease still ours?": every read of it —
+        :attr:`expired`, :meth:`check`, a contender's ``token``, an elector's
+        ``is_leader()`` — asks here, so no two of them can disagree.
+
+        Expired means: marked expired (lease gone, closed), or the local deadline
+        compared with the monotonic clock *now* has passed. The comparison does not wait
+        for the keepalive hub's deadline worker, which a paused process (SIGSTOP, a
+        blocked event loop, a long GC) runs late; the first read past the deadline
+        expires the session, callbacks included (on the session's event loop when read
+        from another thread), and the answer stays true: a passed deadline is never
+        pushed out again (see ``AsyncKeepAlives._answered``)."""
+        if self._expired.is_set():
+            return True
+        if self._lease_id is not None and _compat.monotonic() >= self.deadline:
+            _compat.call_threadsafe(self._loop, lambda: self._expire("local deadline passed"))
+            return True
+        return False
+
+    async def aclose(self, *, timeout: float | None = None, revoke: bool = True) -> None:
+        """Revoke the lease (releasing every lock and leadership at once) and stop.
+
+        A session that expired only locally (its deadline passed: etcd may still hold
+        the lease, and an etcd restart extends it by a whole TTL) revokes too, best
+        effort within the connection's timeout, so its keys do not block others.
+
+        ``timeout`` bounds the revoke (default: the connection's timeout, at most the
+        TTL; 0 skips it). ``revoke=False`` stops without revoking: the keys stay until
+        etcd expires the lease by its TTL — for a holder that cannot prove the work
+        it guarded has stopped, so nobody else may start before the TTL runs out."""
         lease_id = self._lease_id
-        was_expired = self._expired.is_set()
+        was_expired = self._expired.is_set() and not self._expired_locally()
         await self._stop_workers()
         self._mark_expired("session closed", notify=False)
-        for contender in list(self._contenders.values()):
+        for contender in list(self._pinned.values()):
             contender._session_closed()  # revoking the lease releases every hold
-        if lease_id is not None and not was_expired:
+        limit = min(self._conn.timeout, float(self._ttl))
+        if timeout is not None:
+            limit = min(limit, timeout)
+        if lease_id is not None and not was_expired and revoke and limit > 0:
             try:
                 await self._conn.call(
                     "LeaseRevoke",
                     m.LeaseRevokeRequest(ID=lease_id),
-                    timeout=min(self._conn.timeout, float(self._ttl)),
+                    timeout=limit,
                     idempotent=True,
                 )
             except LeaseNotFoundError:
@@ -226,6 +274,21 @@ class AsyncSession:
             except EtcdfenceError as err:
                 # The lease runs out by itself within the TTL.
                 log.warning("etcdfence.revoke_failed", lease_id=f"{lease_id:x}", error=str(err))
+
+    def _gone_on_server(self) -> bool:
+        """Expired because etcd said the lease is gone (a keepalive answered TTL 0, a
+        revoke): not by the local deadline, not by closing."""
+        reason = self._expiry_reason or ""
+        return (
+            self._expired.is_set()
+            and not reason.startswith("local deadline passed")
+            and reason != "session closed"
+        )
+
+    def _expired_locally(self) -> bool:
+        """Expired by the local deadline only: etcd did not say the lease is gone."""
+        reason = self._expiry_reason or ""
+        return self._expired.is_set() and reason.startswith("local deadline passed")
 
     async def orphan(self) -> None:
         """Stop the keepalive without revoking: keys stay until the TTL runs out.
@@ -253,7 +316,7 @@ class AsyncSession:
         Use it to stop work that must not continue without the lock/leadership.
         Callbacks run on the session's background task/thread and must be quick.
         """
-        if self._expired.is_set() and self._expiry_reason != "session closed":
+        if self._lost() and self._expiry_reason != "session closed":
             callback()
             return
         self._callbacks.append(callback)
@@ -274,6 +337,9 @@ class AsyncSession:
         error = SessionExpiredError(f"session expired: {reason}")
         for waiter in list(self._waiters):
             waiter.interrupt(error)
+        if notify:  # a hold ends with the lease (only a live contender has one)
+            for contender in list(self._pinned.values()):
+                contender._session_expired()
         try:
             for callback in with_callbacks:
                 try:
@@ -302,8 +368,15 @@ class AsyncSession:
     def lock(self, name: str) -> AsyncLock:
         """The Go/etcdctl-compatible mutex ``name`` held through this session.
 
-        The same name returns the same object: the contender's key is derived from
-        the lease, so two objects would silently be one contender.
+        Interoperates with ``etcdctl lock`` and Go's mutex, not with an rwlock or a
+        semaphore of the same name (they do not exclude each other: use separate
+        names). A name nested in a live contender's of this session (``a/read`` beside
+        ``rwlock("a")``) is refused with :class:`InvalidArgumentError` when acquired.
+
+        The same name returns the same object while it is live (acquiring, held, or
+        referenced): the contender's key is derived from the lease, so two objects would
+        silently be one contender. An idle one nobody references is forgotten, so a
+        long-lived session does not keep every name it ever locked.
         """
         lock: AsyncLock = self._contender(name, AsyncLock)
         return lock
@@ -313,17 +386,75 @@ class AsyncSession:
         election: AsyncElection = self._contender(name, AsyncElection)
         return election
 
-    def _contender(self, name: str, kind: Any) -> Any:
+    def rwlock(self, name: str) -> AsyncRWLock:
+        """The read-write lock ``name`` (many readers or one writer) through this session:
+        ``async with rw.read() as token`` / ``async with rw.write() as token``. Same
+        object while live, like :meth:`lock`."""
+        rwlock: AsyncRWLock = self._contender(name, AsyncRWLock)
+        return rwlock
+
+    def semaphore(self, name: str, permits: int = 1) -> AsyncSemaphore:
+        """The counting semaphore ``name`` admitting ``permits`` holders at once; this
+        session holds at most one of them. Every user of ``name`` must pass the same
+        ``permits``. Same object while live, like :meth:`lock`."""
+        permits = validate_permits(permits)
+        semaphore: AsyncSemaphore = self._contender(
+            name, AsyncSemaphore, lambda: AsyncSemaphore(self, name, permits)
+        )
+        if semaphore.permits != permits:
+            raise InvalidArgumentError(
+                f"semaphore {name!r} has {semaphore.permits} permits in this session, not {permits}"
+            )
+        return semaphore
+
+    def _contender(self, name: str, kind: Any, make: Callable[[], Any] | None = None) -> Any:
         name = validate_name(name)  # before the lookup: an unhashable name is a TypeError too
-        existing = self._contenders.get(name)
-        if existing is None:
-            existing = kind(self, name)
-            self._contenders[name] = existing
-        elif not isinstance(existing, kind):
+        with self._registry_lock:
+            existing = self._contenders.get(name)
+            if existing is None:
+                existing = kind(self, name) if make is None else make()
+                self._contenders[name] = existing
+        if type(existing) is not kind:  # a semaphore is a lock subclass, not a lock
             raise InvalidArgumentError(
                 f"{name!r} is already used as a {type(existing).__name__} in this session"
             )
         return existing
+
+    def _refuse_overlap(self, contender: AsyncContender) -> None:
+        """Refuse ``contender`` when its keys (``name/...``) and those of a live contender
+        of this session lie one inside the other: ``lock("a/read")`` and
+        ``rwlock("a").read()`` would be one key, and ``lock("a")`` would queue behind
+        ``lock("a/b")``'s key. Called under the registry lock."""
+        mine = contender.name + "/"
+        for other in self._pinned.values():
+            theirs = other.name + "/"
+            if other.name != contender.name and (
+                mine.startswith(theirs) or theirs.startswith(mine)
+            ):
+                raise InvalidArgumentError(
+                    f"{contender._kind} {contender.name!r} overlaps {other._kind} "
+                    f"{other.name!r} held or acquiring in this session: the keys of one lie "
+                    f"under the other's {min(mine, theirs, key=len)!r}; use names that are "
+                    "not nested"
+                )
+
+    def pin(self, contender: AsyncContender) -> None:
+        """Keep ``contender`` (strongly) while it is live — acquiring, held, or owing
+        the withdrawal of a key — and let it go when it is not: an idle contender nobody
+        references is forgotten, and ``lock(name)`` makes a new one next time.
+
+        Called after every change of the contender's state; liveness is read here, under
+        the registry lock, so the last call always sees the last state (a late call
+        carrying an older answer could unpin a contender that is acquiring again).
+        A contender that becomes live with a name nested in (or around) a live one's is
+        refused with :class:`InvalidArgumentError` (see :meth:`_refuse_overlap`)."""
+        with self._registry_lock:
+            if contender.live():
+                if self._pinned.get(contender._pin_key) is not contender:
+                    self._refuse_overlap(contender)
+                self._pinned[contender._pin_key] = contender
+            elif self._pinned.get(contender._pin_key) is contender:
+                del self._pinned[contender._pin_key]
 
     def __repr__(self) -> str:
         lease = "unopened" if self._lease_id is None else f"{self._lease_id:x}"

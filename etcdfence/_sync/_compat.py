@@ -3,7 +3,7 @@
 
 Both forms of every primitive live side by side in ``etcdfence/_acompat.py``; this
 table picks one form of each. ``tools/async_to_sync.py`` makes ``_sync/_compat.py``
-from ``_async/_compat.py`` through its names map, so the modules of both twins say
+from ``_sync/_compat.py`` through its names map, so the modules of both twins say
 ``_compat.Event`` and each gets its own side's form.
 """
 

@@ -13,7 +13,7 @@ and a pointer to the endpoint in use. Every unary call goes through
 * a request etcd refused before applying it (its "too many requests" backpressure)
   is retried with backoff, writes included;
 * a write whose outcome is unknown is never resent: it raises
-  :class:`EtcdUnavailableError` and the caller resolves it by re-reading;
+  :class:`UnavailableError` and the caller resolves it by re-reading;
 * an expired auth token is refreshed and the call repeated (etcd rejected it
   before applying anything).
 """
@@ -49,10 +49,10 @@ from .._wire.errors import (
 from ..errors import (
     AuthTokenExpiredError,
     EtcdfenceError,
-    EtcdUnavailableError,
     InvalidArgumentError,
     InvalidTypeError,
     TLSError,
+    UnavailableError,
 )
 from ..types import CallRecord
 from . import _compat
@@ -172,6 +172,12 @@ class Connection:
         self._observers: tuple[Callable[[CallRecord], Any], ...] = ()
         self._heard: dict[int, float] = {}  # endpoint index -> when it last answered anything
         self._slots = _compat.Slots(MAX_IN_FLIGHT)
+        #: The highest header revision any answer of this connection carried (0: none
+        #: yet): a lower bound of etcd's current revision, free to keep (every unary
+        #: answer passes :meth:`_send`). Fences refuse tokens above it (after one read).
+        self.revision = 0
+        #: The cluster id of the last answer's header (``None``: no answer yet).
+        self.cluster_id: int | None = None
         #: The client's watch hub (``WatchHub``), which attaches itself here.
         self.watches: Any = None
         #: The client's queue views (``QueueViews``), which attach themselves here.
@@ -193,7 +199,7 @@ class Connection:
         channel = self._channels.get(index)
         if channel is None:
             if self._closed:
-                raise EtcdUnavailableError("the client is closed")
+                raise UnavailableError("the client is closed")
             target = self.endpoints[index].target
             channel = _compat.new_channel(target, self._credentials, self._options)
             self._channels[index] = channel
@@ -364,7 +370,7 @@ class Connection:
         remaining = deadline - _compat.monotonic()
         index = self._current
         if remaining <= 0:
-            raise EtcdUnavailableError(
+            raise UnavailableError(
                 f"no etcd endpoint answered within {self.timeout}s "
                 f"(tried {', '.join(map(str, self.endpoints))})"
                 + ("" if last is None else f"; last error: {last}")
@@ -379,12 +385,12 @@ class Connection:
             if self._channels.get(index) is channel or not _compat.still_wanted():
                 raise  # the caller itself was cancelled
             # fail_over() closed the channel under this call: the endpoint stopped answering
-            abandoned = EtcdUnavailableError(
+            abandoned = UnavailableError(
                 f"etcd at {self.endpoints[index]} stopped answering (failed over)"
             )
             if idempotent:
                 raise _Retry(abandoned) from None
-            raise EtcdUnavailableError(
+            raise UnavailableError(
                 f"{abandoned} — the {method} may or may not have been applied; "
                 "re-read before retrying"
             ) from None
@@ -395,12 +401,12 @@ class Connection:
                 raise _Retry(error) from None
             if isinstance(error, TLSError):
                 raise error from None
-            if isinstance(error, EtcdUnavailableError):
+            if isinstance(error, UnavailableError):
                 self._explain_plaintext(err, index)
                 self.rotate(index)
                 if idempotent or never_sent(err) or refused_unapplied(err):
                     raise _Retry(error) from None
-                raise EtcdUnavailableError(
+                raise UnavailableError(
                     f"{error} — the {method} may or may not have been applied; "
                     "re-read before retrying"
                 ) from None
@@ -416,7 +422,7 @@ class Connection:
     ) -> Any:
         """One attempt on endpoint ``index``, in one of the client's in-flight slots."""
         if not self._slots.take(deadline - _compat.monotonic()):
-            raise EtcdUnavailableError(
+            raise UnavailableError(
                 f"the {method} was not sent: {MAX_IN_FLIGHT} requests of this client stayed "
                 f"in flight until its timeout (etcd at {self.endpoints[index]} is slow)"
             )
@@ -428,11 +434,23 @@ class Connection:
                 request, timeout=deadline - started, metadata=self.metadata()
             )
             self._heard[index] = _compat.monotonic()
+            header = getattr(response, "header", None)
+            if header is not None:
+                self.saw(header)
             return response
         finally:
             self._slots.release()
             if self.observed:
                 self._notify(method, index, _compat.monotonic() - started, sys.exc_info()[1])
+
+    def saw(self, header: Any) -> None:
+        """Learn etcd's revision and cluster id from a response ``header``. Threads may
+        race here: a lost update only leaves :attr:`revision` lower (one extra read for
+        a token above it later), never higher than etcd's."""
+        if header.revision > self.revision:
+            self.revision = header.revision
+        if header.cluster_id:
+            self.cluster_id = header.cluster_id
 
     def _explain_plaintext(self, err: grpc.RpcError, index: int) -> None:
         """Raise :class:`TLSError` at once if an ``http://`` endpoint turns out to be a
@@ -514,7 +532,7 @@ class Connection:
                 self._authenticate(self._token)
             except EtcdfenceError as auth_err:
                 return auth_err
-        if isinstance(error, EtcdUnavailableError) and not isinstance(error, TLSError):
+        if isinstance(error, UnavailableError) and not isinstance(error, TLSError):
             self.rotate(endpoint)
         return error
 

@@ -59,9 +59,12 @@ class Election(Contender):
         revision: int = response.header.revision
         return revision
 
-    def resign(self) -> None:
-        """Step down (no-op if not leading). The delete is guarded by create revision."""
-        self._give_up()
+    def resign(self, timeout: float | None = None) -> None:
+        """Step down (no-op if not leading). The delete is guarded by create revision.
+
+        ``timeout`` bounds the delete (default: the client's timeout), e.g. to fit a
+        stop budget; if etcd does not answer in time the key goes with the lease."""
+        self._give_up(timeout)
 
     def is_leader(self) -> bool:
         """Whether etcd still says this candidate leads."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 from collections.abc import Callable
@@ -13,11 +14,13 @@ from .._backoff import jittered
 from .._callbacks import OnElected, OnLeaderChange, OnLost, Work
 from .._keys import to_bytes, validate_name
 from .._log import log
-from ..errors import CompactedError, EtcdfenceError, InvalidArgumentError, InvalidTypeError
+from ..errors import EtcdfenceError, InvalidArgumentError, InvalidTypeError
 from ..token import FencingToken
 from . import _compat
+from .contender import KeyMonitor
 from .observe import observe_leader
-from .watch import Watch
+
+_FORMER_LEASES = 16  # this elector's latest leases remembered for ``reclaim``
 
 if TYPE_CHECKING:
     from .client import Client
@@ -45,73 +48,56 @@ class _Predicate:
         raise TypeError(f"{self._name} is a method: call {self._name}()")
 
 
-class _TermMonitor:
-    """Watches the leader's own key for the term and sets ``lost`` when it is deleted.
+class _Term:
+    """Where one term's end is recorded, once, and every surface reads it.
 
-    Compaction is not a loss: when the watch falls behind a compaction (after a
-    broken stream, say), the key is re-read; the term goes on if it is still our
-    incarnation, and watching resumes after that read.
+    ``lost`` is the work's ``stop`` event. :meth:`end` records the reason and sets it;
+    for a loss (the session expired, the key deleted, or the work declared the term
+    lost with :meth:`LeaderElector.step_down`) the ``is_leader`` gauge and the
+    election's hold (``lock_held``) flip at that moment — while the work may still be
+    stopping — not when it returned. A routine end (stopped, work returned) is reported
+    by :meth:`report` when the term is over.
     """
 
-    def __init__(self, conn: Any, token: FencingToken, lost: Any, reason: list[str]) -> None:
-        self._conn = conn
-        self._key = (token.key or "").encode("utf-8")
-        self._create_revision = token.create_revision
-        self._lost = lost
-        self._reason = reason
+    def __init__(self, name: str, identity: str, election: Election) -> None:
+        self.name = name
+        self.identity = identity
+        self.election = election
+        self.lost = _compat.Event()
+        self.reason = "stopped"
+        self.key_deleted = False  # the term's watch saw etcd delete the leader key
+        self._reported = False
         self._guard = threading.Lock()
-        self._closed = False
-        self._watch: Watch | None = None
-        self._task = _compat.Background(
-            self._run, token.value + 1, name=f"etcdfence-term-{self._key!r}"
-        )
 
-    def _adopt(self, watch: Watch) -> bool:
+    def end(self, reason: str, *, hold: str | None = None) -> None:
+        """The term is lost (``reason``); ``hold``: how the election's hold ended
+        (``expired``/``deleted``; ``None`` when the session reports it itself)."""
+        if not self.lost.is_set():
+            self.reason = reason
+            self.lost.set()
+        if hold is not None:
+            self.election._lose_hold(hold)
+        self.report()
+
+    def report(self) -> None:
+        """Report the end to metrics and the log (the first call only)."""
         with self._guard:
-            if self._closed:
-                return False
-            self._watch = watch
-            return True
+            if self._reported:
+                return
+            self._reported = True
+        metrics.leader_lost(self.name, self.identity, self.reason)
 
-    def _run(self, start_revision: int) -> None:
-        try:
-            while True:
-                watch = Watch(self._conn, self._key, start_revision=start_revision)
-                if not self._adopt(watch):
-                    return
-                try:
-                    watch.start()
-                    for batch in watch:
-                        if any(ev.type == "delete" for ev in batch.events):
-                            self._end("leader key deleted")
-                            return
-                    return  # closed
-                except CompactedError:
-                    read = self._conn.call(
-                        "Range", _txn.range_request(self._key), idempotent=True
-                    )
-                    if not read.kvs or read.kvs[0].create_revision != self._create_revision:
-                        self._end("leader key deleted")
-                        return
-                    start_revision = int(read.header.revision) + 1
-                finally:
-                    watch.close()
-        except EtcdfenceError as err:
-            self._end(f"lost track of the leader key: {err}")
 
-    def _end(self, reason: str) -> None:
-        if not self._lost.is_set() and not self._closed:
-            self._reason[0] = reason
-            self._lost.set()
-
-    def close(self) -> None:
-        with self._guard:
-            self._closed = True
-            watch = self._watch
-        if watch is not None:
-            watch.close()
-        self._task.cancel()
-        self._task.join(1.0)
+def _term_key_gone(term: _Term, reason: str, deleted: bool) -> None:
+    """The term's key watch ended: etcd deleted the leader key (``deleted``), or the
+    watch lost track of it; either way the term is over."""
+    if deleted:  # also after a stop: the work may still run
+        term.key_deleted = True
+        reason = "leader key deleted"
+    else:
+        reason = reason.replace("the key", "the leader key", 1)
+    if not term.lost.is_set():
+        term.end(reason, hold="deleted")
 
 
 class LeaderElector:
@@ -123,10 +109,25 @@ class LeaderElector:
     key was deleted — ``stop`` is set (``work`` must return soon), then
     ``on_lost()`` runs and the elector campaigns again with a fresh session.
     ``stop()`` ends the loop and resigns. ``on_leader_change(leader)`` is called
-    for every leader change seen (any candidate). ``work`` and the callbacks
+    for every leader change seen (any candidate); if it raises — anything,
+    ``SystemExit`` included, except ``KeyboardInterrupt`` — the error is logged
+    (``etcdfence.on_leader_change_failed``) and it is called again on the next change.
+    ``work`` and the callbacks
     are plain functions (an awaitable they return is refused).
     After an etcd error it campaigns again after ``retry_interval`` seconds, jittered
     to 50–100 % of it so electors that failed together do not retry together.
+
+    ``reclaim=True``: a key of this election that holds ``identity`` on a lease
+    THIS elector granted in an earlier term (its session is closed or expired
+    locally, e.g. its lease outlived an etcd restart, or etcd was unreachable when
+    the session closed) is this elector's own leftover: each campaign first deletes
+    it, instead of waiting up to a TTL behind itself. A key holding ``identity`` on
+    any other lease is never touched — it may be a live process given the same
+    identity by mistake, or a frozen earlier instance whose lease still runs: the
+    elector logs a warning (``etcdfence.identity_in_use``) and queues behind it like
+    any candidate. (A process restart is therefore not reclaimed: the new process
+    waits for the old lease, at most a TTL.) The delete is a transaction guarded by
+    the key's create revision, lease and value.
 
     Pass ``token`` with every write the work makes (e.g. ``client.fence(...)``):
     the elector stops work promptly, fencing makes it safe even when it is late.
@@ -144,6 +145,7 @@ class LeaderElector:
         on_leader_change: OnLeaderChange | None = None,
         margin: float | None = None,
         retry_interval: float = 1.0,
+        reclaim: bool = False,
     ) -> None:
         self.name = validate_name(name)
         if not isinstance(identity, str):
@@ -162,15 +164,20 @@ class LeaderElector:
         self._ttl = ttl
         self._margin = margin
         self._retry_interval = retry_interval
+        self._reclaim = bool(reclaim)
+        self._former_leases: collections.deque[int] = collections.deque(maxlen=_FORMER_LEASES)
         self._on_elected = on_elected
         self._on_lost = on_lost
         self._on_leader_change = on_leader_change
         self._stop_requested = _compat.Event()
         self._loop: Any = None  # the event loop run() runs on (async), for stop()
-        self._term_stop: Any = None
+        self._current: _Term | None = None
         self._session: Session | None = None
         self._election: Election | None = None
-        self.token: FencingToken | None = None
+        self._token: FencingToken | None = None
+        self._release_by: float | None = None  # see limit_release()
+        self._release = True
+        self._release_guard = threading.Lock()  # limit_release() from any thread
         self.terms = 0
         client.session(ttl, margin=margin)  # validates ttl/margin now, not on first run
 
@@ -179,10 +186,25 @@ class LeaderElector:
         """``is_leader()``: whether this elector believes it leads now (a term is running).
 
         A method, like :meth:`Election.is_leader` (there it asks etcd; here it is
-        the local belief, no I/O). Written as 0.1's property (``if elector.is_leader:``)
+        the local belief, no I/O); false from the moment a loss is known, while the
+        work may still be stopping. Written as 0.1's property (``if elector.is_leader:``)
         it raises :class:`TypeError` instead of being silently always true.
         """
-        return _Predicate(lambda: self.token is not None, "is_leader")
+        return _Predicate(self._leading, "is_leader")
+
+    def _leading(self) -> bool:
+        term = self._current
+        return self.token is not None and term is not None and not term.lost.is_set()
+
+    @property
+    def token(self) -> FencingToken | None:
+        """The current term's token; ``None`` between terms and as soon as the term's
+        session expired (its local deadline passed — the same answer as the session's
+        ``check()``, even before the term's end was noticed)."""
+        token, session = self._token, self._session
+        if token is None or session is None or session.expired:
+            return None
+        return token
 
     @property
     def session(self) -> Session | None:
@@ -196,11 +218,66 @@ class LeaderElector:
         """End ``run()``: stop the work, resign, return. Safe from any thread."""
         _compat.call_threadsafe(self._loop, self._stop_now)
 
+    def step_down(self, reason: str = "stepped down") -> None:
+        """End the current term now, as a loss: ``stop`` is set, and ``is_leader`` and
+        ``lock_held`` turn 0 at once, while the work may still be stopping (then the
+        elector resigns, if the lease still holds, and campaigns again). For work that
+        knows before the elector does that it can no longer lead — e.g. its lease
+        cannot be renewed in time to stop a command before etcd may expire it. Safe
+        from any thread (it wakes the event loop); a no-op between terms."""
+        _compat.call_threadsafe(self._loop, lambda: self._lose_term(reason))
+
+    def key_taken(self) -> bool:
+        """Whether etcd has taken the current term's key away: the term's watch saw it
+        deleted (``etcdctl del``, a revoke), or a keepalive answer said the lease is
+        gone on the server. From then on another candidate may already lead, so work
+        still running must end at once — a grace period protects nothing any more.
+        False while the key is this elector's, between terms, and when only the local
+        deadline passed (etcd may still hold the lease: stop within it). Safe from any
+        thread; no I/O. For supervisors that stop a command at a term's end (``etcdfence
+        run`` kills it without a grace period once this is true)."""
+        term, session = self._current, self._session
+        if term is not None and term.key_deleted:
+            return True
+        return session is not None and session._gone_on_server()
+
+    def limit_release(self, deadline: float | None, *, release: bool = True) -> None:
+        """Bound the end of the current (or next) term: its resign, the revoke of its
+        session's lease and the join of its key watcher must be done by ``deadline``
+        (a ``time.monotonic()`` time; ``None``: each step's own timeout); a step with
+        no time left is skipped (the key then goes with the lease, within its TTL).
+        ``release=False``: neither resign nor revoke — the key stays until etcd expires
+        the lease by its TTL, so no other candidate can lead before then. For work
+        that must stop within a budget (``etcdfence run``) and for work that could not
+        prove it stopped. Call it before the work returns; it lasts until ``run()``
+        ends or the next term starts."""
+        with self._release_guard:  # both only tighten within a term, whatever the threads
+            if deadline is not None:
+                by = self._release_by
+                self._release_by = deadline if by is None else min(by, deadline)
+            if not release:
+                self._release = False
+
+    def _release_left(self, cap: float | None = None) -> float | None:
+        """Seconds left for a step of the term's end (``None``: unbounded), at most ``cap``."""
+        by = self._release_by
+        if by is None:
+            return cap
+        left = max(0.0, by - _compat.monotonic())
+        return left if cap is None else min(cap, left)
+
+    def _lose_term(self, reason: str) -> None:
+        term = self._current
+        if term is not None and not term.lost.is_set():
+            term.end(reason, hold="expired")
+
     def _stop_now(self) -> None:
         self._stop_requested.set()
-        term_stop = self._term_stop
-        if term_stop is not None:
-            term_stop.set()
+        term = self._current
+        if term is not None and not term.lost.is_set():
+            # the decision to stop is the term's end: `stop`, is_leader and lock_held
+            # say so together now, while the work may still be stopping (then resign)
+            term.end("stopped", hold="resigned")
         session = self._session
         if session is not None:
             session.interrupt_waiters(_Stopped("elector stopped"))
@@ -234,65 +311,132 @@ class LeaderElector:
                 observer.cancel()
 
     def _term(self, work: Work) -> None:
-        with self._client.session(self._ttl, margin=self._margin) as session:
-            self._session = session
-            if self._stop_requested.is_set():  # stop() may have missed this session
-                return
-            election = session.election(self.name)
-            self._election = election
-            token = election.campaign(self.identity)
-            lost = _compat.Event()
-            self._term_stop = lost
-            reason = ["stopped"]
+        if not self._stop_requested.is_set():
+            with self._release_guard:
+                self._release_by, self._release = None, True
+        session = self._client.session(self._ttl, margin=self._margin).open()
+        try:
+            self._campaign_and_work(session, work)
+        finally:
+            # revoke (unless limit_release() said not to) within what is left of it
+            session.close(timeout=self._release_left(), revoke=self._release)
 
-            def on_expired() -> None:
-                reason[0] = "session expired"
+    def _campaign_and_work(self, session: Session, work: Work) -> None:
+        self._session = session
+        if self._stop_requested.is_set():  # stop() may have missed this session
+            return
+        election = session.election(self.name)
+        self._election = election
+        if self._reclaim:
+            self._take_back_stale_keys(session)
+        token = election.campaign(self.identity)
+        term = _Term(self.name, self.identity, election)
+        lost = term.lost
+        self._current = term
+        session.on_expired(lambda: term.end("session expired"))
+        monitor = KeyMonitor(
+            session.connection, token, lambda why, deleted: _term_key_gone(term, why, deleted)
+        )
+        self._token = token
+        self.terms += 1
+        try:
+            metrics.leader_elected(self.name, token.value, self.identity, self.is_leader)
+            if self._on_elected is not None and self.token is not None:
+                _compat.run_callback(self._on_elected, token)
+            if self._stop_requested.is_set():
                 lost.set()
+            if self.token is None:  # the session's one answer, asked before user code
+                term.end("session expired")  # gets the token: past the deadline (a
+                return  # blocking on_elected, say) the term is lost, work never starts
+            finished = _compat.run_term(work, token, lost)
+            if finished:
+                term.reason = "work returned"
+        except BaseException as exc:
+            if not lost.is_set():  # e.g. its fenced write was refused (AuthError)
+                term.reason = f"work failed: {exc!r}"
+            raise
+        finally:
+            self._end_term(session, election, monitor, term)
 
-            session.on_expired(on_expired)
-            monitor = _TermMonitor(session.connection, token, lost, reason)
-            self.token = token
-            self.terms += 1
-            try:
-                metrics.leader_elected(self.name, token.value, self.identity)
-                if self._on_elected is not None:
-                    _compat.run_callback(self._on_elected, token)
-                if self._stop_requested.is_set():
-                    lost.set()
-                finished = _compat.run_term(work, token, lost)
-                if finished:
-                    reason[0] = "work returned"
-            except BaseException as exc:
-                if not lost.is_set():  # e.g. its fenced write was refused (AuthError)
-                    reason[0] = f"work failed: {exc!r}"
-                raise
-            finally:
-                self._end_term(session, election, monitor, lost, reason[0])
+    def _take_back_stale_keys(self, session: Session) -> None:
+        """Delete this identity's keys left on this elector's former leases; warn
+        about the identity on any other lease (see ``reclaim``)."""
+        lease = session.lease()
+        mine = to_bytes(self.identity, "identity")
+        prefix = (self.name + "/").encode("utf-8")
+        conn = session.connection
+        read = conn.call("Range", _txn.range_request(prefix, prefix=True), idempotent=True)
+        former = set(self._former_leases)
+        self._former_leases.append(lease)  # from now on, one of ours
+        for kv in read.kvs:
+            if kv.value != mine or kv.lease == lease:
+                continue
+            key = kv.key.decode("utf-8", "replace")
+            if kv.lease not in former:  # not ours: maybe alive; never delete it
+                log.warning(
+                    "etcdfence.identity_in_use",
+                    election=self.name,
+                    identity=self.identity,
+                    key=key,
+                    lease_id=f"{kv.lease:x}",
+                    detail="another session holds a key with this identity (the same "
+                    "identity given twice, or an earlier instance still alive or frozen); "
+                    "waiting behind it",
+                )
+                continue
+            request = _txn.stale_key_delete(kv.key, kv.create_revision, kv.lease, mine)
+            done = conn.call("Txn", request, idempotent=True)
+            if done.succeeded:
+                log.info(
+                    "etcdfence.stale_key_reclaimed",
+                    election=self.name,
+                    identity=self.identity,
+                    key=key,
+                    lease_id=f"{kv.lease:x}",
+                )
 
     def _end_term(
         self,
         session: Session,
         election: Election,
-        monitor: _TermMonitor,
-        lost: Any,
-        reason: str,
+        monitor: KeyMonitor,
+        term: _Term,
     ) -> None:
         """Everything a term's end must do, whatever ended it; each step runs even if
         an earlier one fails (a raising ``on_lost`` included)."""
-        lost.set()  # however the term ended, `stop` now says so
-        self.token = None
-        self._term_stop = None
+        term.lost.set()  # however the term ended, `stop` now says so
+        self._token = None
+        self._current = None
         try:
-            monitor.close()
-            metrics.leader_lost(self.name, self.identity, reason)
+            monitor.close(self._release_left(1.0) or 0.0)
+            term.report()
             if self._on_lost is not None:
                 _compat.run_callback(self._on_lost)
         finally:
-            if not session.expired:
+            left = self._release_left()
+            if not session.expired and self._release and (left is None or left > 0):
                 try:
-                    election.resign()
+                    election.resign(left)
                 except EtcdfenceError as err:
                     log.info("etcdfence.resign_failed", election=self.name, error=str(err))
+
+    def _tell_leader_change(self, callback: Any, leader: Any) -> None:
+        """Call ``on_leader_change``; one that raises is logged and called again on the
+        next change (a bad call must not end the observer for the elector's life).
+
+        Any exception counts, ``SystemExit`` included (a callback cannot end the
+        process from inside the observer, and must not silently end the
+        observer). Only ``KeyboardInterrupt`` (a Ctrl-C) and the observer's own
+        cancellation propagate; the interrupt is logged first."""
+        try:
+            _compat.run_callback(callback, leader)
+        except _compat.Aborted:  # the observer is being cancelled (stop)
+            raise
+        except KeyboardInterrupt:
+            log.error("etcdfence.on_leader_change_interrupted", election=self.name)
+            raise
+        except BaseException:
+            log.exception("etcdfence.on_leader_change_failed", election=self.name)
 
     def _observe(self) -> None:
         callback = self._on_leader_change
@@ -304,7 +448,7 @@ class LeaderElector:
                 ):
                     if self._stop_requested.is_set():
                         return
-                    _compat.run_callback(callback, leader)
+                    self._tell_leader_change(callback, leader)
             except EtcdfenceError as err:
                 log.info("etcdfence.observe_retry", election=self.name, error=str(err))
                 _compat.wait_event(self._stop_requested, jittered(self._retry_interval))

@@ -14,7 +14,6 @@ renewed there at once. So 10,000 sessions cost one stream and two workers, not
 
 from __future__ import annotations
 
-import collections
 import heapq
 import threading
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._wire import messages as m
-from ..errors import EtcdUnavailableError
+from ..errors import UnavailableError
 from . import _compat
 from .connection import Connection, EtcdStream
 
@@ -58,7 +57,10 @@ class KeepAlives:
         self._guard = threading.Lock()
         self._due: list[tuple[float, int]] = []  # (next keepalive, lease id), lazy
         self._deadlines: list[tuple[float, int]] = []  # (local deadline, lease id), lazy
-        self._pending: collections.deque[tuple[float, int, int]] = collections.deque()
+        # Unanswered keepalives: (patience ends, lease id, seq) until their patience ends,
+        # then (patience, lease id, seq) in _overdue, where the strictest comes first.
+        self._pending: list[tuple[float, int, int]] = []
+        self._overdue: list[tuple[float, int, int]] = []
         self._last_answer = 0.0  # when the stream last answered any keepalive
         self._wake = _compat.Event()  # the stream loop: something to send or a new lease
         self._deadline_wake = _compat.Event()  # the deadline loop: a new (earlier) deadline
@@ -128,14 +130,14 @@ class KeepAlives:
                 now = _compat.monotonic()
                 if self._silent(now, stream.endpoint):
                     self._conn.fail_over(stream.endpoint)
-                    raise EtcdUnavailableError(
+                    raise UnavailableError(
                         f"no keepalive answer from {self._conn.endpoints[stream.endpoint]}"
                     )
                 for lease in self._take_due(now):
                     lease.asked += 1
                     lease.sent += 1
                     lease.sent_at.append(now)
-                    self._pending.append((now + lease.interval / 2, lease.lease_id, lease.asked))
+                    self._expect_answer(now, lease)
                     stream.write(m.LeaseKeepAliveRequest(ID=lease.lease_id))
                 self._wake.clear()
                 _compat.wait_event(self._wake, self._next_wakeup(now, stream.endpoint))
@@ -148,14 +150,14 @@ class KeepAlives:
             while True:
                 response = stream.read()
                 if response is None:
-                    raise EtcdUnavailableError("etcd closed the keepalive stream")
+                    raise UnavailableError("etcd closed the keepalive stream")
                 self._answered(int(response.ID), int(response.TTL))
         except BaseException as err:  # the writer loop raises it (and the stream reopens)
             broken.append(err)
             self._wake.set()
 
     def _answered(self, lease_id: int, ttl: int) -> None:
-        self._last_answer = _compat.monotonic()
+        now = self._last_answer = _compat.monotonic()
         with self._guard:
             lease = self._leases.get(lease_id)
             if lease is None or not lease.sent_at:
@@ -167,7 +169,9 @@ class KeepAlives:
             lease.on_gone("lease expired or revoked on the server")
             return
         deadline = sent + ttl - lease.margin
-        if deadline > lease.deadline:
+        # A deadline that has passed is final: the session already answers "expired" to
+        # any read (session._lost), whatever arrives late; an answer must not revive it.
+        if deadline > lease.deadline > now:
             lease.deadline = deadline
             with self._guard:
                 heapq.heappush(self._deadlines, (deadline, lease_id))
@@ -178,6 +182,7 @@ class KeepAlives:
         self._last_answer = now
         with self._guard:
             self._pending.clear()
+            self._overdue.clear()
             self._due = []
             for lease in self._leases.values():
                 lease.sent_at.clear()
@@ -199,33 +204,55 @@ class KeepAlives:
                 due.append(lease)
         return due
 
+    def _expect_answer(self, now: float, lease: KeptLease) -> None:
+        """A keepalive of ``lease`` was just sent: its patience (half an interval) runs."""
+        with self._guard:
+            heapq.heappush(self._pending, (now + lease.interval / 2, lease.lease_id, lease.asked))
+
+    def _unanswered(self, lease_id: int, seq: int) -> KeptLease | None:
+        """The lease if its keepalive number ``seq`` is still unanswered (guard held)."""
+        lease = self._leases.get(lease_id)
+        return None if lease is None or lease.answered >= seq else lease
+
+    def _strictest_overdue(self, now: float) -> float | None:
+        """The shortest patience among the unanswered keepalives whose own patience has
+        run out by ``now`` (``None`` if there are none). Called with the guard held.
+
+        Sessions of different TTLs share the stream: a 60 s lease's keepalive waits
+        10 s for its answer, a 10 s lease's 1.7 s. The member is judged by the
+        strictest of them, not by whichever was sent first, or a silent member costs
+        the short lease its deadline while the long lease's patience runs."""
+        while self._pending and self._pending[0][0] <= now:
+            _, lease_id, seq = heapq.heappop(self._pending)
+            lease = self._unanswered(lease_id, seq)
+            if lease is not None:
+                heapq.heappush(self._overdue, (lease.interval / 2, lease_id, seq))
+        while self._overdue:
+            patience, lease_id, seq = self._overdue[0]
+            if self._unanswered(lease_id, seq) is not None:
+                return patience
+            heapq.heappop(self._overdue)
+        return None
+
     def _silent(self, now: float, endpoint: int) -> bool:
         """Whether the member went silent: a keepalive is unanswered past its patience
         *and* the member answered nothing at all — no keepalive, call or watch message —
-        within that patience. A member that answers, if slowly, under a burst of
-        thousands of renewals or grants is not failed over; one that stopped answering
-        (frozen, cut off) is."""
+        within that patience (the strictest patience among the overdue keepalives). A
+        member that answers, if slowly, under a burst of thousands of renewals or grants
+        is not failed over; one that stopped answering (frozen, cut off) is."""
         heard = max(self._last_answer, self._conn.heard_from(endpoint))
         with self._guard:
-            while self._pending:
-                patience_ends, lease_id, seq = self._pending[0]
-                lease = self._leases.get(lease_id)
-                if lease is None or lease.answered >= seq:
-                    self._pending.popleft()
-                    continue
-                patience = lease.interval / 2
-                return now >= max(patience_ends, heard + patience)
-        return False
+            patience = self._strictest_overdue(now)
+        return patience is not None and now >= heard + patience
 
     def _next_wakeup(self, now: float, endpoint: int) -> float:
         heard = max(self._last_answer, self._conn.heard_from(endpoint))
         with self._guard:
             times = [self._due[0][0]] if self._due else []
-            if self._pending:
-                patience_ends, lease_id, _ = self._pending[0]
-                lease = self._leases.get(lease_id)
-                patience = lease.interval / 2 if lease is not None else 0.0
-                times.append(max(patience_ends, heard + patience))
+            if self._pending:  # the next keepalive whose patience runs out
+                times.append(self._pending[0][0])
+            if self._overdue:  # the strictest overdue one, counted from the last answer
+                times.append(heard + self._overdue[0][0])
         return max(0.001, min(times) - now) if times else 1.0
 
     # -- local deadlines ---------------------------------------------------------------------

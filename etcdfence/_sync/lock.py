@@ -20,18 +20,23 @@ class Lock(Contender):
 
     _kind = "lock"
 
+    @property
+    def _value(self) -> bytes:
+        """What this contender's key holds (empty, as Go's mutex and etcdctl write)."""
+        return b""
+
     def acquire(self, timeout: float | None = None) -> FencingToken:
         """Wait for the lock (forever, or ``timeout`` seconds) and return its token.
 
         Raises :class:`AcquireTimeoutError` (our queued key is removed) or
         :class:`SessionExpiredError` (the session's lease was lost while waiting).
         """
-        return self._contend(b"", timeout)
+        return self._contend(self._value, timeout)
 
     def try_acquire(self) -> FencingToken | None:
         """Take the lock if it is free right now, else return ``None`` (no key is left behind)."""
         try:
-            return self._contend(b"", 0)
+            return self._contend(self._value, 0)
         except TimeoutError:
             return None
 

@@ -12,6 +12,24 @@ watch resumes from its own revision + 1, so no event is lost or repeated. If etc
 compacted the revisions one watch needs, that watch's consumer gets
 :class:`CompactedError` — never a silent gap — and the others go on.
 
+Watches are created with ``fragment`` set: etcd splits a response larger than its
+request limit (a catch-up of many large values) into fragments, each well below the
+client's receive limit. Each fragment's whole revisions are delivered at once; the
+events of its last revision wait for the next fragment (a break in between resumes from
+that revision, which etcd then sends whole). A response that still exceeds the receive
+limit breaks the shared stream, and gRPC does not say for which watch. The hub then
+probes: every watch becomes a suspect, and suspects are created again one at a time;
+one that kept the stream up for :data:`PROBE_WINDOW` after etcd confirmed it is
+cleared and stays on the stream. While probing, the stream carries only cleared
+watches and the one probe: anything else that wants to be created (a new watch, a
+paused one resuming) becomes a suspect and waits its turn. A probe is blamed only when
+it was alone on the stream (nothing else could have sent the response): its consumer
+gets an :class:`RequestError` ("cannot resume") while the others go on — an error,
+never a stream reopening in a loop, and never an error for a watch that did not cause
+it. A probe that breaks the stream beside cleared watches (one of them may have got a
+large event since) is tried again alone, the cleared ones held back meanwhile: blamed
+if it breaks it again, else it is cleared and the held ones become suspects again.
+
 A slow consumer never stalls the others: each watch buffers at most ``buffer`` batches.
 When its buffer is full the hub cancels that watch at etcd (pauses it) and drops what
 was in flight for it; once the consumer has drained the buffer to half, the watch is
@@ -29,15 +47,17 @@ import threading
 from typing import Any
 
 from .._log import log
+from .._raise import own_copy
 from .._wire import messages as m
 from ..errors import (
     AuthError,
     AuthTokenExpiredError,
     CompactedError,
     EtcdfenceError,
-    EtcdUnavailableError,
     InvalidArgumentError,
+    RequestError,
     TLSError,
+    UnavailableError,
 )
 from ..types import KeyValue, WatchBatch, WatchEvent
 from . import _compat
@@ -48,10 +68,18 @@ _CLOSED = object()
 DEFAULT_BUFFER = 1024
 #: Cancel reasons of a watch etcd refused: no permission, or an expired auth token.
 _AUTH_CANCEL = ("permission denied", "invalid auth token", "revision in header is old")
+#: Seconds a watch created alone after an oversized response must keep the stream up
+#: before the next suspect is created (etcd replays history every 100 ms).
+PROBE_WINDOW = 1.0
 
 
-def _batch(response: Any) -> WatchBatch:
-    events = tuple(
+def _too_large(error: EtcdfenceError) -> bool:
+    """Whether the stream broke on a response above the client's receive limit."""
+    return isinstance(error, RequestError) and "larger than max" in str(error)
+
+
+def _events(response: Any) -> tuple[WatchEvent, ...]:
+    return tuple(
         WatchEvent(
             "delete" if ev.type == m.EventType.DELETE else "put",
             KeyValue.from_wire(ev.kv),
@@ -59,7 +87,6 @@ def _batch(response: Any) -> WatchBatch:
         )
         for ev in response.events
     )
-    return WatchBatch(response.header.revision, events)
 
 
 class WatchHub:
@@ -82,6 +109,17 @@ class WatchHub:
         self._creating: collections.deque[Watch] = collections.deque()  # unconfirmed
         self._reauth_stream = -1  # the stream on which a re-authentication was asked for
         self._token: str | None = None
+        # After a response above the receive limit broke the stream (see the module
+        # docstring): the watches waiting to be probed; the probe on the stream and when
+        # etcd confirmed it; the watches cleared since probing began; the cleared ones
+        # held off the stream while the probe is tried alone; every watch created on
+        # the current stream (anything it carried may have sent the response).
+        self._suspects: list[Watch] = []
+        self._probe: Watch | None = None
+        self._probe_since: float | None = None
+        self._cleared: set[Watch] = set()
+        self._held: list[Watch] = []
+        self._on_stream: set[Watch] = set()
 
     def register(self, watch: Watch) -> None:
         """Create ``watch`` on the shared stream (opening it on first use)."""
@@ -109,6 +147,7 @@ class WatchHub:
                 return
             del self._active[wid]
             watch.paused = True
+            self._cleared.discard(watch)  # it resumes from a revision not yet probed
         log.debug("etcdfence.watch_paused", key=watch.key, next_revision=watch.next_revision)
         _compat.queue_put(self._outbox, ("cancel", wid))
 
@@ -133,7 +172,7 @@ class WatchHub:
         if worker is not None:
             worker.cancel()
             worker.join(2.0)
-        closed = EtcdUnavailableError("watch ended: the client is closed")
+        closed = UnavailableError("watch ended: the client is closed")
         for watch in list(self._watches):
             watch.interrupt(closed)
 
@@ -153,7 +192,14 @@ class WatchHub:
             self._stream_number += 1
             self._active.clear()
             self._creating.clear()
-            resume = [watch for watch in self._watches if not watch.paused]
+            self._on_stream = set()
+            if self._probe is not None:  # another break cut its window: probe it again
+                self._suspects.insert(0, self._probe)
+                self._probe = None
+            if self._probing():  # only the cleared ones; the suspects wait their turn
+                resume = [w for w in self._cleared if self._alive(w)]
+            else:
+                resume = [w for w in self._watches if not w.paused]
         self._token = self._conn.token
         for watch in resume:
             self._create(stream, watch)
@@ -163,8 +209,10 @@ class WatchHub:
             while not self._stop.is_set():
                 if broken:
                     raise broken[0]
+                self._next_probe(stream)
                 try:
-                    kind, item = _compat.queue_get(self._outbox, 0.5)
+                    wait = PROBE_WINDOW / 4 if self._probing() else 0.5
+                    kind, item = _compat.queue_get(self._outbox, wait)
                 except TimeoutError:
                     continue
                 if kind == "create" and self._wanted(item):
@@ -178,10 +226,86 @@ class WatchHub:
             stream.cancel()
             reader.cancel()
 
+    def _probing(self) -> bool:
+        """Whether an oversized response is being traced (see the module docstring)."""
+        return bool(self._suspects or self._probe is not None or self._held)
+
+    def _alive(self, watch: Watch) -> bool:
+        """Registered and not paused (the guard is held)."""
+        return watch in self._watches and not watch.paused
+
     def _wanted(self, watch: Watch) -> bool:
-        """Whether a queued create still applies (not closed, paused or created since)."""
+        """Whether a queued create is to be sent now: the watch is not closed, paused or
+        created since, and, while probing, it is cleared — else it joins the suspects
+        and waits for its turn (it may be the one whose responses are too large)."""
         with self._guard:
-            return watch in self._watches and not watch.paused and watch.hub_id not in self._active
+            if not self._alive(watch) or watch.hub_id in self._active:
+                return False
+            if not self._probing() or watch in self._cleared:
+                return True
+            if watch is not self._probe and watch not in self._suspects:
+                self._suspects.append(watch)
+            return False
+
+    def _next_probe(self, stream: EtcdStream) -> None:
+        """Clear the probe once it kept the stream up for :data:`PROBE_WINDOW` after
+        etcd confirmed it, then create the next suspect (see :meth:`_oversized`)."""
+        with self._guard:
+            probe = self._probe
+            if probe is not None and self._alive(probe):
+                since = self._probe_since
+                if since is None or _compat.monotonic() - since < PROBE_WINDOW:
+                    return
+                self._cleared.add(probe)
+            self._probe = None
+            if probe is not None and self._held:
+                # it was tried alone and is innocent: the break it was tried for came
+                # from one of the cleared watches held back (a large event since)
+                self._suspects.extend(w for w in self._held if w not in self._suspects)
+                self._held = []
+            while True:
+                if not self._suspects and self._held:  # the one tried alone is gone
+                    self._suspects, self._held = self._held, []
+                if not self._suspects:
+                    self._cleared.clear()  # every suspect cleared or gone: probing is over
+                    return
+                watch = self._suspects.pop(0)
+                if self._alive(watch) and watch.hub_id not in self._active:
+                    self._probe, self._probe_since = watch, None
+                    break
+        self._create(stream, watch)
+
+    def _oversized(self, error: EtcdfenceError) -> None:
+        """A response above the client's receive limit broke the stream. gRPC does not
+        say for which watch. If the probe was alone on the stream, it is that one: it
+        cannot resume and its consumer gets the error. If cleared watches were on the
+        stream beside it, any of them may have got a large event since: the probe is
+        tried again alone, the cleared ones held back. Without a probe, every watch
+        becomes a suspect, created again one at a time."""
+        with self._guard:
+            probe, self._probe = self._probe, None
+            if probe is not None and self._on_stream == {probe}:
+                self._watches.discard(probe)
+                self._cleared.update(self._held)
+                self._held = []
+            elif probe is not None:
+                self._held.extend(self._cleared)
+                self._cleared.clear()
+                self._suspects.insert(0, probe)
+                probe = None
+            else:
+                queued = set(self._suspects)
+                self._suspects.extend(w for w in self._watches if not w.paused and w not in queued)
+                self._cleared.clear()
+        if probe is None:
+            log.warning("etcdfence.watch_response_too_large", error=str(error))
+            return
+        probe.interrupt(
+            RequestError(
+                f"watch on {probe.key!r} cannot resume from revision {probe.next_revision}:"
+                f" etcd's response exceeds the client's receive limit ({error})"
+            )
+        )
 
     def _create(self, stream: EtcdStream, watch: Watch) -> None:
         watch_id = next(self._ids)
@@ -189,6 +313,7 @@ class WatchHub:
             self._active[watch_id] = watch
             watch.hub_id = watch_id
             self._creating.append(watch)
+            self._on_stream.add(watch)
         stream.write(m.WatchRequest(create_request=watch.create_request(watch_id)))
 
     def _read(self, stream: EtcdStream, broken: list[BaseException]) -> None:
@@ -196,7 +321,7 @@ class WatchHub:
             while True:
                 response = stream.read()
                 if response is None:
-                    raise EtcdUnavailableError("etcd ended the watch stream")
+                    raise UnavailableError("etcd ended the watch stream")
                 self._route(response)
         except BaseException as err:  # the writer raises it; keep_stream reopens
             broken.append(err)
@@ -215,6 +340,8 @@ class WatchHub:
             if watch is not None and (response.created or response.canceled):
                 with contextlib.suppress(ValueError):
                     self._creating.remove(watch)
+            if response.created and watch is self._probe and self._probe_since is None:
+                self._probe_since = _compat.monotonic()  # its probe window starts now
         if watch is None:
             return  # cancelled by us, or a whole-stream progress notification
         if response.compact_revision or response.canceled:
@@ -222,8 +349,8 @@ class WatchHub:
         elif response.created:
             watch.auth_retried = False
             watch.confirmed(response.header.revision)
-        elif response.events:
-            watch.deliver(_batch(response))
+        elif response.events or response.fragment:
+            watch.receive(response.header.revision, _events(response), response.fragment)
         else:  # progress notification: everything up to header.revision is delivered
             watch.progress(response.header.revision)
 
@@ -250,13 +377,16 @@ class WatchHub:
                         _compat.queue_put(self._outbox, ("reauth", None))
                     return
             else:
-                error = EtcdUnavailableError(f"watch on {watch.key!r} canceled: {reason}")
+                error = UnavailableError(f"watch on {watch.key!r} canceled: {reason}")
         with self._guard:
             self._watches.discard(watch)
         watch.interrupt(error)
 
     def _fatal(self, error: EtcdfenceError) -> bool:
         """Whether ``error`` ends every watch (it is then delivered to each)."""
+        if _too_large(error):
+            self._oversized(error)
+            return False
         if isinstance(error, AuthError) and not isinstance(error, TLSError):
             try:
                 return not self._conn.reauthenticate(self._token)
@@ -265,7 +395,7 @@ class WatchHub:
             except EtcdfenceError:
                 return False
         if self._conn.closed:
-            raise EtcdUnavailableError("watches ended: the client is closed")
+            raise UnavailableError("watches ended: the client is closed")
         log.debug("etcdfence.watch_stream_retry", error=str(error))
         return False
 
@@ -305,6 +435,7 @@ class Watch:
         self.hub_id = 0  # its id on the hub's current stream (0: not created there)
         self.auth_retried = False  # refused for auth once: created again after a new token
         self.paused = False  # cancelled at etcd while the buffer is full (the hub's guard)
+        self._partial: tuple[WatchEvent, ...] = ()  # a revision split across fragments
 
     @property
     def key(self) -> bytes:
@@ -319,17 +450,19 @@ class Watch:
         ``start()`` returns is delivered (and, with ``start_revision``, every change
         from that revision on).
 
-        Raises :class:`EtcdUnavailableError` (and closes the watch) if etcd did not confirm
+        Raises :class:`UnavailableError` (and closes the watch) if etcd did not confirm
         it within ``timeout`` (default: the client's timeout).
         """
         if not self._started:
             self._started = True
+            if self._closed:  # closed before it started: nothing to create at etcd
+                return self
             hub: WatchHub = self._conn.watches
             hub.register(self)
         wait = self._conn.timeout if timeout is None else timeout
         if not _compat.wait_event(self._created, wait):
             self.close()
-            raise EtcdUnavailableError(
+            raise UnavailableError(
                 f"watch on {self._key!r} was not confirmed by etcd within {wait:g}s"
             )
         return self
@@ -351,14 +484,15 @@ class Watch:
 
     def interrupt(self, error: BaseException) -> None:
         """Make the consumer's pending or next ``get`` raise ``error`` (and end a
-        pending ``start`` at once)."""
-        _compat.queue_put(self._queue, error)
+        pending ``start`` at once). Each watch raises its own copy (``_raise.py``)."""
+        _compat.queue_put(self._queue, own_copy(error))
         self._created.set()
 
     # -- what the hub calls ------------------------------------------------------------------
 
     def create_request(self, watch_id: int) -> Any:
         """The create request that (re)starts this watch where it left off."""
+        self._partial = ()  # etcd sends that revision again, whole
         return m.WatchCreateRequest(
             key=self._key,
             range_end=self._range_end,
@@ -366,6 +500,7 @@ class Watch:
             prev_kv=self._prev_kv,
             progress_notify=True,
             watch_id=watch_id,
+            fragment=True,
         )
 
     def confirmed(self, revision: int) -> None:
@@ -374,6 +509,21 @@ class Watch:
             self._created.set()
         if self._next_revision == 0:
             self._next_revision = revision + 1
+
+    def receive(self, revision: int, events: tuple[WatchEvent, ...], more: bool) -> None:
+        """Events of one response, or of one fragment of it (``more``: others follow).
+        Whole revisions are delivered; the last revision of a fragment may go on in the
+        next one, so its events wait for it."""
+        events = self._partial + events
+        self._partial = ()
+        if more and events:
+            last = events[-1].kv.mod_revision
+            cut = len(events)
+            while cut and events[cut - 1].kv.mod_revision == last:
+                cut -= 1
+            events, self._partial = events[:cut], events[cut:]
+        if events:
+            self.deliver(WatchBatch(revision, events))
 
     def deliver(self, batch: WatchBatch) -> None:
         self._next_revision = batch.events[-1].kv.mod_revision + 1
@@ -418,6 +568,7 @@ class Watch:
             hub: WatchHub = self._conn.watches
             hub.unregister(self)
         _compat.queue_put(self._queue, _CLOSED)
+        self._created.set()  # a start() still waiting for etcd returns now: iteration ends
 
     def __enter__(self) -> Watch:
         return self.start()

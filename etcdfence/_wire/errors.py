@@ -12,10 +12,10 @@ from ..errors import (
     AuthTokenExpiredError,
     CompactedError,
     EtcdfenceError,
-    EtcdRequestError,
-    EtcdUnavailableError,
     LeaseNotFoundError,
+    RequestError,
     TLSError,
+    UnavailableError,
 )
 
 _TLS_HINTS = (
@@ -179,17 +179,17 @@ ETCD_ERRORS: tuple[tuple[str, type[EtcdfenceError]], ...] = (
     ("etcdserver: authentication is not enabled", AuthError),
     ("etcdserver: mvcc: required revision has been compacted", CompactedError),
     ("etcdserver: requested lease not found", LeaseNotFoundError),
-    ("etcdserver: no leader", EtcdUnavailableError),
-    ("etcdserver: not leader", EtcdUnavailableError),
-    ("etcdserver: leader changed", EtcdUnavailableError),
-    ("etcdserver: request timed out", EtcdUnavailableError),
-    ("etcdserver: unhealthy cluster", EtcdUnavailableError),
-    ("etcdserver: too many requests", EtcdUnavailableError),
-    ("etcdserver: request is too large", EtcdRequestError),
-    ("etcdserver: too many operations in txn request", EtcdRequestError),
-    ("etcdserver: duplicate key given in txn request", EtcdRequestError),
-    ("etcdserver: mvcc: database space exceeded", EtcdRequestError),
-    ("etcdserver: lease ttl is too large", EtcdRequestError),
+    ("etcdserver: no leader", UnavailableError),
+    ("etcdserver: not leader", UnavailableError),
+    ("etcdserver: leader changed", UnavailableError),
+    ("etcdserver: request timed out", UnavailableError),
+    ("etcdserver: unhealthy cluster", UnavailableError),
+    ("etcdserver: too many requests", UnavailableError),
+    ("etcdserver: request is too large", RequestError),
+    ("etcdserver: too many operations in txn request", RequestError),
+    ("etcdserver: duplicate key given in txn request", RequestError),
+    ("etcdserver: mvcc: database space exceeded", RequestError),
+    ("etcdserver: lease ttl is too large", RequestError),
 )
 
 
@@ -241,18 +241,18 @@ def translate(
         return kind(f"{where} refused the credentials: {details}")
     if kind is CompactedError:
         return CompactedError(f"{where}: {details}", 0)
-    if kind is EtcdUnavailableError:
-        return EtcdUnavailableError(f"{where} cannot serve the request now: {details}")
+    if kind is UnavailableError:
+        return UnavailableError(f"{where} cannot serve the request now: {details}")
     if kind is not None:
         return kind(f"{where} rejected the request: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return EtcdUnavailableError(f"{where} did not answer within {timeout}s ({details})")
+        return UnavailableError(f"{where} did not answer within {timeout}s ({details})")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        return EtcdUnavailableError(f"{where} is unavailable: {details}")
+        return UnavailableError(f"{where} is unavailable: {details}")
     if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) and any(
         h in low for h in _TRANSPORT_HINTS
     ):
-        return EtcdUnavailableError(f"the connection to {where} broke: {details}")
+        return UnavailableError(f"the connection to {where} broke: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return EtcdRequestError(f"request too large or rate-limited by {where}: {details}")
-    return EtcdRequestError(f"{where} rejected the request ({code.name}): {details}")
+        return RequestError(f"request too large or rate-limited by {where}: {details}")
+    return RequestError(f"{where} rejected the request ({code.name}): {details}")

@@ -10,6 +10,7 @@ by hand while operating a cluster. It is also ``python -m etcdfence``.
     etcdfence status NAME | --prefix P      who leads, since when, the queue and its leases
     etcdfence fence show RESOURCE           a resource's fencing high-water mark
     etcdfence fence put RESOURCE KEY VALUE --token T   a fenced write
+    etcdfence fence repair RESOURCE         lower a forged mark (above etcd's revision)
     etcdfence etcd [--members N]            a local development etcd (or cluster)
     etcdfence demo                          the zombie-leader story on an embedded etcd
 
@@ -34,7 +35,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from .. import __version__
+from .. import __version__, _early_signals
 from ..errors import EtcdfenceError
 from . import demo, etcd, fence, leader, lock, observe, run, status
 from ._exits import (
@@ -43,6 +44,7 @@ from ._exits import (
     EXIT_CODES_HELP,
     EXIT_ERROR,
     EXIT_LOST,
+    EXIT_NOT_FORGED,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_STALE,
@@ -58,6 +60,8 @@ from ._options import check_env_timeouts as _check_env_timeouts
 from ._options import check_text_options as _check_text_options
 from ._output import configure_logging as _configure_logging
 from ._output import error as _error
+from ._output import flush_stderr as _flush_stderr
+from ._output import format_from_argv as _format_from_argv
 from ._process import DEFAULT_GRACE, fit_grace, max_grace
 from .leader import leader_record
 
@@ -67,6 +71,7 @@ __all__ = [
     "EXIT_CANNOT_EXECUTE",
     "EXIT_ERROR",
     "EXIT_LOST",
+    "EXIT_NOT_FORGED",
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_STALE",
@@ -182,12 +187,28 @@ def _refuse_command_without_dashes(
         parser.error(f"unrecognized arguments: {' '.join(extras)}")
 
 
+#: Commands that take over the signals recorded at start-up (see ``_early_signals``).
+_EARLY_SIGNAL_COMMANDS = frozenset({"run", "lock"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see the ``EXIT_*`` constants)."""
     try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
+        return _main(argv)
+    finally:
+        _flush_stderr()
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    _format_from_argv(argv)  # a usage error is then JSON too with --log-format json
+    try:
+        args = parse_args(argv)
     except SystemExit as exc:
+        _early_signals.release()
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command_name not in _EARLY_SIGNAL_COMMANDS:
+        _early_signals.release()  # run and lock replay them into their own handlers
     verbosity = args.verbose or 0
     if verbosity == 0 and args.command_name in _ONE_SHOT_COMMANDS:
         verbosity = -1  # errors only; -v: warnings and info; -vv: debug

@@ -8,14 +8,15 @@ error to its code; :class:`CommandError` is how a command fails with a message o
 from __future__ import annotations
 
 from ..errors import (
-    AcquireTimeout,
+    AcquireTimeoutError,
     AuthError,
-    EtcdUnavailable,
-    InvalidArgument,
-    InvalidType,
+    InvalidArgumentError,
+    InvalidTypeError,
     NotOwnerError,
-    SessionExpired,
+    RepairRefusedError,
+    SessionExpiredError,
     StaleTokenError,
+    UnavailableError,
 )
 
 #: Success.
@@ -30,8 +31,10 @@ EXIT_UNAVAILABLE = 3
 EXIT_STALE = 4
 #: Authentication, permission or TLS failure (wrong password, RBAC, certificate).
 EXIT_AUTH = 5
-#: The lock or leadership was lost (``SessionExpired``/``NotOwnerError``).
+#: The lock or leadership was lost (``SessionExpiredError``/``NotOwnerError``).
 EXIT_LOST = 6
+#: ``fence repair`` left the mark as it was: not provably forged, or it moved meanwhile.
+EXIT_NOT_FORGED = 7
 #: A wait timed out (``lock --timeout-acquire``), as with ``timeout(1)``.
 EXIT_TIMEOUT = 124
 #: The command given after ``--`` could not be executed / was not found (as in shells).
@@ -47,6 +50,7 @@ exit codes:
   {EXIT_STALE:<4} stale fencing token: the resource already accepted a higher one
   {EXIT_AUTH:<4} authentication, permission or TLS failure
   {EXIT_LOST:<4} lock or leadership lost (session expired)
+  {EXIT_NOT_FORGED:<4} fence repair: the mark is not above etcd's revision (or moved); unchanged
   {EXIT_TIMEOUT:<4} timed out waiting (lock --timeout-acquire)
   {EXIT_CANNOT_EXECUTE}/{EXIT_NOT_FOUND} the command after -- is not executable / not found
   128+N killed by signal N while waiting to acquire (130 = Ctrl-C)
@@ -59,13 +63,15 @@ def exit_code_for(error: BaseException) -> int:
         return EXIT_STALE
     if isinstance(error, AuthError):  # includes TLSError: retrying will not help
         return EXIT_AUTH
-    if isinstance(error, EtcdUnavailable):
+    if isinstance(error, UnavailableError):
         return EXIT_UNAVAILABLE
-    if isinstance(error, (SessionExpired, NotOwnerError)):
+    if isinstance(error, (SessionExpiredError, NotOwnerError)):
         return EXIT_LOST
-    if isinstance(error, AcquireTimeout):
+    if isinstance(error, RepairRefusedError):
+        return EXIT_NOT_FORGED
+    if isinstance(error, AcquireTimeoutError):
         return EXIT_TIMEOUT
-    if isinstance(error, (InvalidArgument, InvalidType)):
+    if isinstance(error, (InvalidArgumentError, InvalidTypeError)):
         return EXIT_USAGE
     return EXIT_ERROR
 

@@ -1,16 +1,25 @@
 """``etcdfence run --health HOST:PORT``: ``/healthz``, ``/readyz`` and ``/metrics``.
 
 The endpoints are what a Kubernetes probe or a load balancer asks (stdlib
-``http.server`` in a thread; no dependency):
+stdlib only: one selector thread, see :class:`HealthServer`):
 
-* ``/healthz`` — 200 while the supervisor works: etcd acknowledged a keepalive of its
-  session within one keepalive interval (TTL/3) plus the safety margin — plus the
-  elector's retry interval between two sessions (a term ended, the next session is
-  being granted). 503 otherwise, with a JSON ``reason``. A liveness probe restarts a
-  supervisor that is wedged or cut off from etcd.
+* ``/healthz`` (also ``/livez``) — liveness: 200 unless this process is wedged, i.e. one
+  of its loops (the main loop that takes signals; the loop supervising a running
+  command) has not run for :data:`WEDGED_AFTER` seconds. 503 otherwise, with a JSON
+  ``reason``. It never depends on etcd: an etcd outage is ridden out (the command is
+  stopped in time, the supervisor campaigns again) and restarting every replica while
+  etcd is away would only add a crash loop to the outage (client-go's health adaptor
+  never fails a follower either). The body reports the session's keepalive age too.
 * ``/readyz`` — 200 only while this process leads (its term is running and the session
-  is live), 503 otherwise: route traffic to the leader only. It turns 503 the moment a
-  loss is known — before the command is stopped, not after.
+  is live) and, with ``--ready-url``, the command answers there: route traffic to the
+  leader only (a load balancer's per-backend check). It turns 503 the moment a loss
+  is known — before the command is stopped, not after.
+* ``/candidatez`` — 200 while this process takes part in the election: it leads, or it
+  waits as a standby with a live session (etcd answered its keepalives). 503 before
+  its first session, between sessions, and once it is shutting down. This is what a
+  Kubernetes readinessProbe wants: every healthy replica is Ready, so a rolling update
+  progresses and ``kubectl rollout status`` completes (leader-only readiness leaves
+  standbys unready forever).
 * ``/metrics`` — Prometheus text: the supervisor's own gauges (always), then the
   library's collectors from ``prometheus_client`` when it is installed (the
   ``metrics`` extra). Without it the page still answers 200 with our gauges and a
@@ -21,8 +30,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.server
+import http
 import json
+import selectors
 import socket
 import threading
 import time
@@ -31,9 +41,21 @@ from typing import Any
 
 from ..token import FencingToken
 from ._exits import EXIT_USAGE, CommandError
+from ._output import debug
 
 #: Seconds the elector waits before campaigning again (LeaderElector's retry_interval).
 RETRY_INTERVAL = 1.0
+#: Connections open at once; a new one closes the oldest (a probe sends its request
+#: at once: only clients that do not are ever the oldest for long).
+MAX_CONNECTIONS = 256
+#: Connections the kernel queues before the serving loop accepts them.
+LISTEN_BACKLOG = 1024
+#: Request line and headers larger than this are refused (431).
+MAX_HEADER_BYTES = 8192
+#: Seconds from accept to answer at most: a slow client is cut off after that.
+REQUEST_DEADLINE = 3.0
+#: A loop of the supervisor that has not run for this long is wedged (``/healthz`` 503).
+WEDGED_AFTER = 10.0
 
 #: (HTTP status, content type, body) of one answer.
 Answer = tuple[int, str, bytes]
@@ -58,9 +80,17 @@ def _json(status: int, record: dict[str, Any]) -> Answer:
 
 
 class HealthServer:
-    """An HTTP server on its own threads that answers from ``routes`` (path -> a
-    function returning an :data:`Answer`). Binds at construction: a port in use or an
-    address that is not ours is a usage error (exit 2) before anything else starts."""
+    """An HTTP server on one thread that answers from ``routes`` (path -> a function
+    returning an :data:`Answer`). Binds at construction: a port in use or an address
+    that is not ours is a usage error (exit 2) before anything else starts.
+
+    One selector loop, no thread per connection: it accepts every pending
+    connection, reads what each sent and answers a request only once its headers are
+    complete, so a client that trickles bytes, sends nothing or sends garbage costs a
+    buffer, never a thread or a slot a real probe needs. At most
+    :data:`MAX_CONNECTIONS` are open (the oldest is closed to make room for a new
+    one), none for longer than :data:`REQUEST_DEADLINE` seconds, and headers larger
+    than :data:`MAX_HEADER_BYTES` are refused."""
 
     def __init__(self, address: tuple[str, int], routes: dict[str, Callable[[], Answer]]) -> None:
         host, port = address
@@ -70,72 +100,198 @@ class HealthServer:
             raise CommandError(
                 f"--health {host}:{port}: cannot resolve: {exc}", EXIT_USAGE
             ) from None
-        server_class = type(
-            "_Server", (http.server.ThreadingHTTPServer,), {"address_family": family}
-        )
+        listener = socket.socket(family, socket.SOCK_STREAM)
         try:
-            self._server = server_class((host, port), _handler(routes))
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(LISTEN_BACKLOG)
         except OSError as exc:
+            listener.close()
             raise CommandError(
                 f"--health {host}:{port}: cannot listen: {exc.strerror or exc}", EXIT_USAGE
             ) from None
-        self._server.daemon_threads = True
+        listener.setblocking(False)
+        self._listener = listener
+        self._routes = routes
+        self._closing = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         """``http://HOST:PORT`` it listens on (the real port when 0 was asked)."""
-        host, port = self._server.server_address[:2]
+        host, port = self._listener.getsockname()[:2]
         shown = f"[{host}]" if ":" in str(host) else str(host)
         return f"http://{shown}:{port}"
 
     def start(self) -> None:
         """Serve in a daemon thread."""
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.2,), name="etcdfence-health", daemon=True
-        )
+        loop = _ServeLoop(self._listener, self._routes, self._closing)
+        self._thread = threading.Thread(target=loop.run, name="etcdfence-health", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stop serving and close the socket."""
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop serving and close the socket (and every open connection); waits up to
+        ``timeout`` seconds for the serving thread (a stop budget's remainder)."""
+        self._closing.set()
         if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(2.0)
-        self._server.server_close()
+            self._thread.join(max(0.0, min(2.0, timeout)))
+        self._listener.close()
 
 
-def _handler(routes: dict[str, Callable[[], Answer]]) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        timeout = 5.0  # a client that connects and says nothing does not hold a thread
-        server_version = "etcdfence"
+class _Conn:
+    """One client connection: what it sent so far, what is left to send back."""
 
-        def _answer(self, with_body: bool) -> None:
-            route = routes.get(self.path.split("?", 1)[0])
+    __slots__ = ("deadline", "inbuf", "outbuf", "peer", "sock")
+
+    def __init__(self, sock: socket.socket, peer: Any) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.deadline = time.monotonic() + REQUEST_DEADLINE
+        self.inbuf = b""
+        self.outbuf = b""  # non-empty: the answer is being written
+
+
+class _ServeLoop:
+    """The selector loop behind :class:`HealthServer` (see there)."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        routes: dict[str, Callable[[], Answer]],
+        closing: threading.Event,
+    ) -> None:
+        self._listener = listener
+        self._routes = routes
+        self._closing = closing
+        self._selector = selectors.DefaultSelector()
+        self._conns: dict[socket.socket, _Conn] = {}  # in accept order: oldest first
+
+    def run(self) -> None:
+        """Serve until :class:`HealthServer` closes; one bad connection never ends it."""
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        try:
+            while not self._closing.is_set():
+                for key, _events in self._selector.select(0.2):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj in self._conns:
+                        self._serve(self._conns[key.fileobj])  # type: ignore[index]
+                self._expire()
+        finally:
+            for conn in list(self._conns.values()):
+                self._drop(conn)
+            self._selector.close()
+
+    def _accept(self) -> None:
+        while True:
             try:
-                status, content_type, body = (
-                    route() if route else _json(404, {"error": f"no such path: {self.path}"})
-                )
-            except Exception as exc:  # a probe must answer, even about its own bug
-                status, content_type, body = _json(500, {"error": repr(exc)})
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            if with_body:
-                with contextlib.suppress(OSError):
-                    self.wfile.write(body)
+                sock, peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. out of file descriptors: shed the oldest
+                debug(f"health: accept failed: {exc!r}")
+                if self._conns:
+                    self._drop(next(iter(self._conns.values())))
+                return
+            while len(self._conns) >= MAX_CONNECTIONS:  # full: the oldest makes room
+                self._drop(next(iter(self._conns.values())))
+            sock.setblocking(False)
+            conn = _Conn(sock, peer)
+            self._conns[sock] = conn
+            self._selector.register(sock, selectors.EVENT_READ)
 
-        def do_GET(self) -> None:
-            self._answer(True)
+    def _serve(self, conn: _Conn) -> None:
+        try:
+            if conn.outbuf:
+                self._write(conn)
+            else:
+                self._read(conn)
+        except (ConnectionError, TimeoutError):
+            self._drop(conn)
+        except Exception as exc:  # a probe's bug must not end the loop
+            debug(f"health request from {conn.peer[0]} failed: {exc!r}")
+            self._drop(conn)
 
-        def do_HEAD(self) -> None:
-            self._answer(False)
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            self._drop(conn)
+            return
+        conn.inbuf += data
+        head, sep, _ = conn.inbuf.partition(b"\r\n\r\n")
+        if not sep:
+            head, sep, _ = conn.inbuf.partition(b"\n\n")
+        if not sep:
+            if len(conn.inbuf) > MAX_HEADER_BYTES:
+                self._respond(conn, _json(431, {"error": "request headers too large"}), True)
+            return
+        if len(head) > MAX_HEADER_BYTES:
+            self._respond(conn, _json(431, {"error": "request headers too large"}), True)
+            return
+        self._answer(conn, head)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # probes every few seconds would drown the log
+    def _answer(self, conn: _Conn, head: bytes) -> None:
+        parts = head.split(b"\n", 1)[0].strip().split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            self._respond(conn, _json(400, {"error": "bad request line"}), True)
+            return
+        method, target = parts[0], parts[1].decode("latin-1")
+        if method not in (b"GET", b"HEAD"):
+            self._respond(conn, _json(405, {"error": f"method not allowed: {method!r}"}), True)
+            return
+        route = self._routes.get(target.split("?", 1)[0])
+        try:
+            answer = route() if route else _json(404, {"error": f"no such path: {target}"})
+        except Exception as exc:  # a probe must answer, even about its own bug
+            answer = _json(500, {"error": repr(exc)})
+        self._respond(conn, answer, method == b"GET")
 
-    return Handler
+    def _respond(self, conn: _Conn, answer: Answer, with_body: bool) -> None:
+        status, content_type, body = answer
+        try:
+            phrase = http.HTTPStatus(status).phrase
+        except ValueError:
+            phrase = ""
+        head = (
+            f"HTTP/1.1 {status} {phrase}\r\n"
+            f"Server: etcdfence\r\n"
+            f"Content-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            "Cache-Control: no-store\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        conn.outbuf = head.encode("latin-1") + (body if with_body else b"")
+        conn.deadline = max(conn.deadline, time.monotonic() + 1.0)  # time to read it
+        self._selector.modify(conn.sock, selectors.EVENT_WRITE)
+        self._write(conn)
+
+    def _write(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.outbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        conn.outbuf = conn.outbuf[sent:]
+        if not conn.outbuf:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_WR)
+            self._drop(conn)
+
+    def _expire(self) -> None:
+        """Close connections past their deadline (oldest first; most are in order)."""
+        now = time.monotonic()
+        for conn in [c for c in self._conns.values() if now >= c.deadline]:
+            self._drop(conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        if self._conns.pop(conn.sock, None) is None:
+            return
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(conn.sock)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
 
 
 class RunProbe:
@@ -153,9 +309,22 @@ class RunProbe:
         self.elected_at = 0.0  # time.time() of the current term's start
         self.terms = 0
         self._started = time.monotonic()
+        self._beats: dict[str, float] = {}  # loop name -> monotonic time it last ran
+        self.stopping = False  # a stop was requested: no longer a candidate
+        self.wants_command_ready = False  # --ready-url: leading needs the command's answer
+        self.command_ready = threading.Event()  # the command answered (this term)
+
+    def tick(self, loop: str) -> None:
+        """``loop`` is running (it must tick again within :data:`WEDGED_AFTER`)."""
+        self._beats[loop] = time.monotonic()
+
+    def idle(self, loop: str) -> None:
+        """``loop`` is not expected to run now (e.g. no command is supervised)."""
+        self._beats.pop(loop, None)
 
     def elected(self, token: FencingToken, stop: threading.Event) -> None:
         """A term began (``stop`` is set when it ends)."""
+        self.command_ready.clear()
         self.token = token
         self.elected_at = time.time()
         self.terms += 1
@@ -171,28 +340,29 @@ class RunProbe:
         return None if session is None or session.expired else session
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """(healthy, details): see the module docstring."""
+        """(alive, details): liveness, see the module docstring."""
         now = time.monotonic()
+        record: dict[str, Any] = {"election": self.name, **self._etcd(now)}
+        for loop, beat in list(self._beats.items()):
+            if now - beat > WEDGED_AFTER:
+                reason = f"the {loop} loop has not run for {now - beat:.1f}s (wedged)"
+                return False, {**record, "status": "unhealthy", "reason": reason}
+        return True, {**record, "status": "ok"}
+
+    def _etcd(self, now: float) -> dict[str, Any]:
+        """What the session says of etcd (information only: it is not liveness)."""
         session = self.session_of()
-        record: dict[str, Any] = {"election": self.name, "session": None}
-        if session is None:  # before the first session: etcd answered at start-up
-            if now - self._started <= self.ttl:
-                return True, {**record, "status": "ok", "detail": "starting"}
-            return False, {**record, "status": "unhealthy", "reason": "no session granted yet"}
+        if session is None:
+            return {"session": None, "etcd": "no session granted yet"}
         # the send time of the last keepalive etcd acknowledged (the grant at first)
         age = now - (session.deadline - session.ttl + session.margin)
-        limit = session.ttl / 3 + session.margin
-        if session.expired:  # a term ended; the next session is on its way
-            limit += RETRY_INTERVAL
-            record["detail"] = "between sessions"
-        else:
-            record["session"] = f"{session.lease_id:x}"
-        record["keepalive_age_seconds"] = round(age, 3)
-        record["limit_seconds"] = round(limit, 3)
-        if age <= limit:
-            return True, {**record, "status": "ok"}
-        reason = f"etcd acknowledged no keepalive for {age:.1f}s (limit {limit:.1f}s)"
-        return False, {**record, "status": "unhealthy", "reason": reason}
+        limit = session.ttl / 3 + session.margin + (RETRY_INTERVAL if session.expired else 0)
+        record: dict[str, Any] = {
+            "session": None if session.expired else f"{session.lease_id:x}",
+            "keepalive_age_seconds": round(age, 3),
+            "etcd": "ok" if age <= limit else "no keepalive acknowledged lately",
+        }
+        return record
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """(leading, details): 200 on ``/readyz`` only while leading."""
@@ -205,6 +375,9 @@ class RunProbe:
         session = self._live_session()
         if session is None or time.monotonic() >= session.deadline:
             return False, {**record, "status": "not leader", "reason": "session expired"}
+        if self.wants_command_ready and not self.command_ready.is_set():
+            reason = "the command does not answer on --ready-url yet"
+            return False, {**record, "status": "leader, command not ready", "reason": reason}
         return True, {
             **record,
             "status": "leader",
@@ -213,7 +386,26 @@ class RunProbe:
             "leading_for_seconds": round(time.time() - self.elected_at, 3),
         }
 
+    def candidacy(self) -> tuple[bool, dict[str, Any]]:
+        """(candidate, details): 200 on ``/candidatez`` (see the module docstring)."""
+        leading, record = self.readiness()
+        if leading:
+            return True, record
+        record = {"election": self.name, "identity": self.identity}
+        if self.stopping:
+            return False, {**record, "status": "stopping", "reason": "shutting down"}
+        session = self._live_session()
+        if session is None or time.monotonic() >= session.deadline:
+            reason = "no live session (etcd away, or between terms)"
+            return False, {**record, "status": "not a candidate", "reason": reason}
+        status = "leader, command not ready" if self._term_stop is not None else "standby"
+        return True, {**record, "status": status, "session": f"{session.lease_id:x}"}
+
     # -- the HTTP routes ---------------------------------------------------------------------
+
+    def candidatez(self) -> Answer:
+        ok, record = self.candidacy()
+        return _json(200 if ok else 503, record)
 
     def healthz(self) -> Answer:
         ok, record = self.health()
@@ -231,7 +423,7 @@ class RunProbe:
         leading, _ = self.readiness()
         label = f'{{election="{_escape(self.name)}"}}'
         gauges = [
-            ("healthy", "gauge", "1 while /healthz answers 200.", int(healthy)),
+            ("healthy", "gauge", "1 while /healthz answers 200 (not wedged).", int(healthy)),
             ("leading", "gauge", "1 while /readyz answers 200 (this process leads).", int(leading)),
             ("token", "gauge", "Fencing token of the current term (0 when not leading).",
              self.token.value if leading and self.token else 0),

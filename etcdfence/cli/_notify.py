@@ -131,11 +131,12 @@ class Notifier:
         self._thread = threading.Thread(target=loop, name="etcdfence-watchdog", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """``STOPPING=1``, stop the watchdog pings, close the socket."""
+    def close(self, timeout: float = 2.0) -> None:
+        """``STOPPING=1``, stop the watchdog pings (waiting up to ``timeout`` seconds for
+        their thread), close the socket."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(2.0)
+            self._thread.join(max(0.0, min(2.0, timeout)))
         self.send("STOPPING=1")
         if self._sock is not None:
             with contextlib.suppress(OSError):

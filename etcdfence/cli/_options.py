@@ -18,9 +18,10 @@ from typing import Any, NoReturn
 
 from .._keys import validate_name
 from .._sync.client import Client
-from ..errors import EtcdfenceError, InvalidArgument
+from ..errors import EtcdfenceError, InvalidArgumentError
 from ..token import parse_token
 from ._exits import EXIT_CODES_HELP, EXIT_USAGE, CommandError
+from ._output import usage_error_line
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:2379"
 DEFAULT_TIMEOUT = 5.0
@@ -78,10 +79,11 @@ _TIMEOUT_ENV = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (``etcdfence: error: ...``) and exit code 2."""
+    """argparse with a one-line error (``etcdfence: error: ...``, one JSON object with
+    ``--log-format json``) and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"etcdfence: error: {message} (see '{self.prog} --help')\n")
+        self.exit(EXIT_USAGE, usage_error_line(f"{message} (see '{self.prog} --help')"))
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
@@ -332,7 +334,7 @@ def token(arg: str) -> int:
     """A fencing token: a positive int in etcd's revision range."""
     try:
         return parse_token(arg)
-    except InvalidArgument as exc:
+    except InvalidArgumentError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

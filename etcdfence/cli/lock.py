@@ -1,9 +1,11 @@
 """``etcdfence lock NAME [-- CMD ...]``: hold a lock while a command runs (or until Ctrl-C).
 
 The lock is etcdctl's and Go's ``concurrency.Mutex``; the command's environment carries
-the fencing token under both projects' names. If the lease is lost, or cannot be renewed
-in time for ``--grace``, the command's process group is stopped before etcd can hand the
-lock to someone else, and ``lock`` exits 6.
+the fencing token under both projects' names. ``lock`` watches its own lock key: when
+etcd takes it (deleted, or the lease revoked or gone on the server) the next holder may
+already run, so the command's whole tree gets SIGKILL at once; when the lease cannot be
+renewed in time for ``--grace``, the tree is stopped (SIGTERM, SIGKILL after ``--grace``)
+before etcd can hand the lock to someone else. Either way ``lock`` exits 6.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import threading
 from typing import Any
 
+from .. import _early_signals
 from ..errors import EtcdfenceError
 from ..token import FencingToken
 from . import _options as opt
@@ -26,6 +29,7 @@ from ._process import (
     add_grace_option,
     kill_deadline,
     must_stop,
+    stop_command,
     tty_delivers_sigint,
 )
 
@@ -35,14 +39,23 @@ concurrency.Mutex). With a command after '--', run it while holding the lock and
 exit with its status; the command's environment carries the fencing token:
   ETCDFENCE_TOKEN, ETCD_LOCK_REV   the token (the revision that granted the lock)
   ETCD_LOCK_KEY, ETCDFENCE_KEY     the lock key NAME/<lease hex>
+  ETCDFENCE_LOCK                   the lock name NAME
+  ETCDFENCE_CLUSTER                the etcd cluster id (decimal)
+  ETCDFENCE_CREATE_REVISION        the lock key's create revision
+  ETCDFENCE_LEASE                  the session's lease id (decimal)
+(FencingToken.from_env() reads them all back; etcdctl's two still work.)
 The command runs in a process group of its own (the terminal's foreground group
 when lock runs in one). The lock is released when the command exits, after what it
-left running in its group is stopped. If the lease is lost, or cannot be renewed in
-time for --grace, the group gets SIGTERM, then SIGKILL after --grace and no later
-than the session's local deadline, and lock exits 6. If lock itself dies (even by
-SIGKILL), the whole group is killed at once.
+left running in its group is stopped. lock watches its own lock key: when etcd
+takes it (the key deleted, e.g. 'etcdctl del', or the lease revoked or expired on
+the server) the next holder may already run, so the command and all it started get
+SIGKILL at once, no grace, and lock exits 6. When the lease cannot be renewed in
+time for --grace (etcd still holds it), the command and all it started get SIGTERM,
+then SIGKILL after --grace and no later than the session's local deadline, and lock
+exits 6. If lock itself dies (even by SIGKILL), the whole group is killed at once.
 SIGTERM/SIGHUP (and SIGINT when not from the terminal) are passed on to it.
-Without a command, print 'KEY TOKEN' and hold the lock until SIGINT/SIGTERM."""
+Without a command, print 'KEY TOKEN' and hold the lock until SIGINT/SIGTERM (exit 0)
+or its loss: etcd took the key or the lease expired (exit 6)."""
 
 EXAMPLES = """\
   etcdfence lock jobs/nightly -- sh -c 'echo token $ETCDFENCE_TOKEN'
@@ -75,7 +88,7 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="give up (exit 124) if the lock is not acquired in time (default: wait forever)",
     )
-    add_grace_option(p, "when the lock is lost")
+    add_grace_option(p, "when the lease cannot be renewed in time (none once etcd took the key)")
     add_write_out(p, "simple", ("simple", "json", "table"))
     p.set_defaults(func=run)
 
@@ -90,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         session = client.session(ttl=args.ttl)
         lock = None
         try:
+            _early_signals.replay()  # one that came during start-up counts like one now
             session.open()
             lock = session.lock(args.name)
             token = lock.acquire(timeout=args.timeout_acquire)
@@ -103,10 +117,11 @@ def run(args: argparse.Namespace) -> int:
                 signals.wake.set()
 
             session.on_expired(on_expired)
+            lock.watch_key(on_taken=on_expired)
             if not args.command:
                 print_held(args.write_out, token, name=args.name)
-                return _hold(args.name, signals, lost)
-            return _run_locked(args, token, signals, lost, session)
+                return _hold(args.name, signals, lost, lock)
+            return _run_locked(args, token, signals, lost, lock)
         finally:
             signals.raising = False
             _release(lock, session)
@@ -114,24 +129,33 @@ def run(args: argparse.Namespace) -> int:
 
 def _release(lock: Any, session: Any) -> None:
     try:
-        if lock is not None and not session.expired:
-            lock.release()
+        if lock is not None:
+            lock.release()  # sends nothing once the session expired; ends the key watch
     except EtcdfenceError as exc:
         say(f"warning: could not release the lock ({exc}); it frees when the lease expires")
     finally:
         session.close()
 
 
-def _hold(name: str, signals: Signals, lost: threading.Event) -> int:
+def _hold(name: str, signals: Signals, lost: threading.Event, lock: Any) -> int:
     """No command: hold the lock until a signal or its loss."""
     while True:
         signals.wake.clear()
         if signals.take():
             return EXIT_OK
-        if lost.is_set():
-            error(f"lost the lock {name!r}: the session's lease expired")
+        if lost.is_set() or lock.key_taken():
+            error(f"lost the lock {name!r}: {_loss(lock, lost)}")
             return EXIT_LOST
         signals.wake.wait(1.0)
+
+
+def _loss(lock: Any, lost: threading.Event) -> str:
+    """Why the lock is lost, for the log line."""
+    if lock.key_taken():
+        return "etcd took its key (deleted, or the lease revoked or gone on the server)"
+    if lost.is_set():
+        return "the session's lease expired"
+    return "lease not renewed in time"
 
 
 def _report_crash(pid: int, returncode: int | None, status: int) -> None:
@@ -146,15 +170,11 @@ def _report_crash(pid: int, returncode: int | None, status: int) -> None:
 
 
 def _lock_env(token: FencingToken) -> dict[str, str]:
-    """Our environment plus the token and key under etcdfence's and etcdctl's names."""
-    key = token.key or ""
+    """Our environment plus the whole token (``token.to_env()``: value, key, lock,
+    cluster, create revision, lease) and etcdctl's ``ETCD_LOCK_REV`` / ``ETCD_LOCK_KEY``."""
     env = child_env(dict(os.environ))
-    env.update(
-        ETCDFENCE_TOKEN=str(token.value),
-        ETCDFENCE_KEY=key,
-        ETCD_LOCK_KEY=key,
-        ETCD_LOCK_REV=str(token.value),
-    )
+    env.update(token.to_env())
+    env.update(ETCD_LOCK_KEY=token.key or "", ETCD_LOCK_REV=str(token.value))
     return env
 
 
@@ -163,34 +183,47 @@ def _run_locked(
     token: FencingToken,
     signals: Signals,
     lost: threading.Event,
-    session: Any,
+    lock: Any,
 ) -> int:
-    """Run the command while the lock holds; stop it in time when the lease is lost."""
-    deadline = kill_deadline(session)
+    """Run the command while the lock holds; stop it in time when the lease is lost,
+    and kill it at once when etcd took the key."""
+    deadline = kill_deadline(lock.session)
     child = Child(
-        args.command, _lock_env(token), new_session=False, foreground=tty_delivers_sigint()
+        args.command,
+        _lock_env(token),
+        new_session=False,
+        foreground=tty_delivers_sigint(),
+        deadline=deadline,
+        grace=args.grace,
     )
     child_was_foreground = child.foreground  # Ctrl-C at the terminal reaches it directly
     forwarded = False  # a signal we passed on ended it: not a crash
     try:
         while True:
             signals.wake.clear()
-            if child.poll() is not None:
+            child.renew()
+            taken = lock.key_taken()
+            if not taken and child.poll() is not None and not child.expired:
                 returncode = child.returncode
-                status = child.finish(args.grace, deadline=deadline)
+                status = child.finish(args.grace, deadline=deadline, hurry=lock.key_taken)
                 if not forwarded and not (child_was_foreground and status == 128 + 2):
                     _report_crash(child.pid, returncode, status)
                 return status
             for signum in signals.take():
                 forwarded = True
                 child.signal(signum)
-            if lost.is_set() or must_stop(deadline, args.grace):
-                why = "session expired" if lost.is_set() else "lease not renewed in time"
-                status = child.stop(args.grace, deadline=deadline)
-                error(
-                    f"lost the lock {args.name!r} ({why}) while the command ran; "
-                    f"stopped it (status {status})"
+            if taken or child.expired or lost.is_set() or must_stop(deadline, args.grace):
+                why = f"lost the lock {args.name!r} ({_loss(lock, lost)})"
+                status = stop_command(
+                    child,
+                    why,
+                    args.grace,
+                    taken=lock.key_taken,
+                    what="lock key",
+                    who="holder",
+                    deadline=deadline,
                 )
+                error(f"{why} while the command ran; stopped it (status {status}); exiting 6")
                 return EXIT_LOST
             signals.wake.wait(POLL)
     finally:

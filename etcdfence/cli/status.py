@@ -28,7 +28,7 @@ import argparse
 import base64
 from typing import Any
 
-from .._keys import to_key
+from .._keys import contender_prefix, to_key
 from .._sync.client import Client
 from .._txn import range_request
 from .._wire import messages as m
@@ -96,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
     with opt.make_client(args) as client:
         prefix = args.prefix if args.prefix is not None else args.name + "/"
         revision, kvs = _read(client, prefix)
-        groups = _contenders(kvs)
-        if args.name is not None:
-            groups.setdefault(args.name, [])
+        groups = _contenders(kvs, args.name)
         records = [
             _record(client, name, contenders, revision)
             for name, contenders in sorted(groups.items())
@@ -118,16 +116,29 @@ def _read(client: Client, prefix: str) -> tuple[int, list[KeyValue]]:
     return int(response.header.revision), [KeyValue.from_wire(kv) for kv in response.kvs]
 
 
-def _contenders(kvs: list[KeyValue]) -> dict[str, list[KeyValue]]:
-    """Keys that are contenders (``NAME/<their lease in hex>``), by NAME, oldest first.
-    Other keys under the prefix (data, fence marks) are not contenders and are skipped."""
-    groups: dict[str, list[KeyValue]] = {}
+def _is_contender(kv: KeyValue) -> bool:
+    """A key of etcdctl's layout ``NAME/<its lease in hex>``."""
+    _, sep, leaf = kv.key.decode("utf-8", "replace").rpartition("/")
+    return bool(sep and kv.lease_id and leaf == f"{kv.lease_id:x}")
+
+
+def _contenders(kvs: list[KeyValue], name: str | None) -> dict[str, list[KeyValue]]:
+    """The elections and locks among ``kvs`` (``name``, or every NAME that has a key
+    ``NAME/<lease hex>``), each with its queue: every key under ``NAME/``, oldest first.
+
+    One rule for who leads, the one campaigns wait on (Go's and etcdctl's): the key
+    under ``NAME/`` with the lowest create revision — as ``leader NAME`` reports. A
+    data key or a nested election's key (``NAME/sub/...``) under ``NAME/`` is in that
+    order too: it is shown where it blocks, never skipped."""
+    names = {name} if name is not None else set()
     for kv in kvs:
-        name, sep, leaf = kv.key.decode("utf-8", "replace").rpartition("/")
-        if sep and name and kv.lease_id and leaf == f"{kv.lease_id:x}":
-            groups.setdefault(name, []).append(kv)
-    for contenders in groups.values():
-        contenders.sort(key=lambda kv: kv.create_revision)
+        if _is_contender(kv):
+            names.add(kv.key.decode("utf-8", "replace").rpartition("/")[0])
+    groups: dict[str, list[KeyValue]] = {}
+    for group in names:
+        prefix = to_key(contender_prefix(group))
+        queue = [kv for kv in kvs if kv.key.startswith(prefix)]
+        groups[group] = sorted(queue, key=lambda kv: kv.create_revision)
     return groups
 
 
@@ -139,7 +150,10 @@ def _text(value: bytes) -> tuple[str, str]:
 
 
 def _lease(client: Client, lease_id: int) -> tuple[int | None, int | None]:
-    """(remaining, granted) TTL in seconds; (None, None) if the lease is gone."""
+    """(remaining, granted) TTL in seconds; (None, None) if the lease is gone (or the
+    key has none)."""
+    if not lease_id:
+        return None, None
     response = client.connection.call(
         "LeaseTimeToLive", m.LeaseTimeToLiveRequest(ID=lease_id), idempotent=True
     )
@@ -164,6 +178,7 @@ def _record(client: Client, name: str, kvs: list[KeyValue], revision: int) -> di
                 "create_revision": kv.create_revision,
                 "ttl_remaining": remaining,
                 "ttl_granted": granted,
+                "contender": _is_contender(kv),
             }
         )
     leader = None
@@ -184,9 +199,12 @@ def _rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     leader = record["leader"]
     if leader is None:
         return [{"name": record["name"], "role": "(nobody)"}]
-    rows = [{**leader, "name": record["name"], "role": "leader"}]
+    rows = [{**leader, "name": record["name"], "role": _role(leader, "leader")}]
     for contender in record["queue"]:
-        rows.append(
-            {**contender, "name": record["name"], "role": f"waiting #{contender['position']}"}
-        )
+        role = _role(contender, f"waiting #{contender['position']}")
+        rows.append({**contender, "name": record["name"], "role": role})
     return rows
+
+
+def _role(entry: dict[str, Any], role: str) -> str:
+    return role if entry["contender"] else f"{role} (not a contender key)"

@@ -4,14 +4,25 @@ Every coordination library tells you that the *resource* must check the fencing 
 This kit checks that yours does: give it an :class:`Adapter` — ``write(token, key,
 value)``, ``read(key)``, optionally ``restart()`` — and it runs, against real etcd
 (tokens come from real locks; real lease expiry) and your real resource, the
-scenarios in :data:`scenarios`: a zombie after a pause (Kleppmann's 33/34), a lower
-token after a higher one, equal tokens of one term, a retried write whose reply was
-lost, a lost write of the current term landing after later ones (with ``delay()``),
-interleaved terms, concurrent writers of several terms (in processes), no or
-malformed tokens, tokens passed through ``ETCDFENCE_TOKEN`` and the ``Fencing-Token``
-header, a restart of the resource between terms (with ``restart()``), and tokens
-beyond 2**53. Each result says pass/fail with the offending history (the history
-checker of :mod:`etcdfence.testing.history`, plus the kit's own checks)::
+scenarios in :data:`scenarios`: a zombie after a pause (Kleppmann's 33/34), a
+zombie that wakes ``zombie_delay`` seconds after the newer term wrote (a mark that
+expires fails), a lower token after a higher one, equal tokens of one term, a
+retried write whose reply was lost, a lost write of the current term landing after
+later ones (with ``delay()``), interleaved terms, concurrent writers of several
+terms (in processes) released together by a start barrier, several keys per round,
+for many rounds with start offsets that sweep the race window (a check-then-write
+races), no or malformed tokens, tokens passed through
+``ETCDFENCE_TOKEN`` and the ``Fencing-Token`` header, a restart of the resource
+between terms (with ``restart()``), tokens across powers of ten (999 vs 1000: text
+comparison fails) and tokens beyond 2**53.
+
+Every call to the adapter has a deadline (``deadline=``, 10 s): a write with no
+answer by then is recorded as indeterminate — its outcome unknown, it may still
+land — and the kit goes on; a write that waited behind an earlier one (a held
+COMMIT's row lock) and lands after it is ordered, not a failure. A resource that
+never answers is *stuck*: the scenarios left fail at once, and the run always ends
+with a verdict. Each result says pass/fail with the offending history (the history
+checker of :mod:`etcdfence.history`, plus the kit's own checks)::
 
     from etcdfence.conformance import Adapter, run_conformance
     report = run_conformance(Adapter(write=store.put, read=store.get), endpoints=[...])
@@ -30,18 +41,20 @@ last scenario, tokens near int64's limit.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 from .. import Client
 from ..errors import InvalidArgumentError
-from ._adapter import Adapter, as_adapter, build, load_factory
-from ._kit import Kit, Scenario, run_scenario
+from ._adapter import Adapter, as_adapter, build, describe, load_factory
+from ._kit import DEADLINE, Home, Kit, Scenario, run_scenario
 from ._report import Finding, Report, ScenarioResult
 from ._scenarios import SCENARIOS
-from ._writers import KitError
+from ._writers import WRITER_TIMEOUT, KitError
 
 __all__ = [
     "Adapter",
@@ -100,8 +113,8 @@ def _built(factory: Callable[..., Any], endpoints: list[str]) -> Adapter:
         return build(factory, endpoints)
     except InvalidArgumentError:
         raise
-    except Exception as err:  # the user's factory: its error, said plainly
-        raise KitError(f"the adapter factory failed: {type(err).__name__}: {err}") from err
+    except BaseException as err:  # the user's factory (SystemExit too): said plainly
+        raise KitError(f"the adapter factory failed: {describe(err)}") from None
 
 
 def run_conformance(
@@ -113,6 +126,8 @@ def run_conformance(
     ttl: int = 2,
     timeout: float = 5.0,
     on_result: Callable[[ScenarioResult], Any] | None = None,
+    deadline: float = DEADLINE,
+    zombie_delay: float = 10.0,
 ) -> Report:
     """Run the scenarios against ``adapter`` and return the :class:`Report`.
 
@@ -124,10 +139,33 @@ def run_conformance(
     ``skip`` pick scenarios by name; ``ttl`` is the lease TTL of the zombie's term
     (the zombie scenario waits about that long for etcd to expire it);
     ``on_result`` is called after each scenario (progress output).
+
+    ``deadline`` (seconds, default 10) bounds every call the kit makes to the
+    adapter: a write with no answer by then is recorded as indeterminate (outcome
+    unknown, it may still land) and the kit goes on — a write that waited behind an
+    earlier one (a held COMMIT's lock) and lands after it is ordered, not a failure.
+    One still unanswered three deadlines later makes the resource *stuck*: the
+    scenarios left fail at once, so the kit always ends with a verdict.
+    ``zombie_delay`` (seconds, default 10) is how long the late zombie sleeps,
+    with no write of the kit to any key meanwhile, before its stale write: a
+    fencing mark that expires sooner fails that scenario — one that expires later
+    passes, so set it above your store's mark TTL. (Before the sleep the newer term
+    writes 32 other keys: a mark evicted from a bounded cache fails too.)
+
+    Whatever the adapter raises is a finding (``SystemExit`` and ``KeyboardInterrupt``
+    too); a ``close()`` that raises or hangs is a warning of the report
+    (``report.warnings``). An adapter object that works only on the thread that built
+    it (a ``sqlite3`` connection) is called on the thread that called this function;
+    a factory is called on each thread that uses its adapter.
     """
     selected = _select(only, skip)
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= 60:
         raise InvalidArgumentError(f"ttl must be an int number of seconds in 1..60, got {ttl!r}")
+    for name, value in (("deadline", deadline), ("zombie_delay", zombie_delay)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise InvalidArgumentError(
+                f"{name} must be a positive number of seconds, got {value!r}"
+            )
     started = time.monotonic()
     server = None
     if endpoints is None:
@@ -135,26 +173,98 @@ def run_conformance(
 
         server = EtcdServer().start()
         endpoints = server.endpoints
+    home = Home()  # adapter calls run there (a factory's adapter is built there too)
     try:
         with Client(list(endpoints), timeout=timeout) as client:
-            client.revision()  # etcd answers, or EtcdUnavailableError now, not per scenario
-            resolved, spec, factory = _resolve(adapter, list(endpoints))
+            client.revision()  # etcd answers, or UnavailableError now, not per scenario
+            resolved, spec, factory = home.call(
+                _resolve, adapter, list(endpoints), timeout=WRITER_TIMEOUT,
+                what="the adapter factory",
+            )  # fmt: skip
             name = spec or resolved.name or getattr(factory, "__name__", "") or "adapter"
             kit = Kit(resolved, client, list(endpoints), spec=spec, factory=factory, ttl=ttl,
-                      run_id=uuid.uuid4().hex[:10])  # fmt: skip
-            results = []
-            try:
-                for scenario in selected:
-                    results.append(run_scenario(kit, scenario))
-                    if on_result is not None:
-                        on_result(results[-1])
-            finally:
-                if factory is not None:  # built here; an adapter handed in stays open
-                    resolved.shutdown()
+                      run_id=uuid.uuid4().hex[:10], deadline=float(deadline),
+                      zombie_delay=float(zombie_delay), home=home)  # fmt: skip
+            if spec is None and factory is None and _bound_to_caller(kit):
+                results = _on_the_callers_thread(kit, selected, on_result)
+            else:
+                results = _run_all(kit, selected, on_result)
     finally:
+        home.stop()
         if server is not None:
             server.stop()
-    return Report(name, list(endpoints), results, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    return Report(name, list(endpoints), results, seconds, kit.warnings, resolved.bound_lock)
+
+
+def _run_all(
+    kit: Kit, selected: list[Scenario], on_result: Callable[[ScenarioResult], Any] | None
+) -> list[ScenarioResult]:
+    """Every selected scenario in turn; then close an adapter the kit built."""
+    results = []
+    try:
+        for scenario in selected:
+            results.append(run_scenario(kit, scenario))
+            if on_result is not None:
+                on_result(results[-1])
+    finally:
+        if kit.factory is not None and not kit.stuck:  # an adapter handed in stays open
+            _shut(kit)
+    return results
+
+
+def _bound_to_caller(kit: Kit) -> bool:
+    """Whether an adapter handed in works only on the caller's thread (where it was
+    most likely built: a ``sqlite3`` connection by default): a read on the home thread
+    raises, the same read here does not."""
+    key = kit.layout.data_key("thread-probe")
+    try:
+        kit.home.call(kit.adapter.read_text, key, timeout=kit.deadline + kit.settle,
+                      what=f"read({key!r})")  # fmt: skip
+        return False
+    except KitError as err:  # no answer: the scenarios fail at once, with the reason
+        kit.stuck = f"the resource is stuck: {err}"
+        return False
+    except Exception:
+        pass
+    try:
+        kit.adapter.read_text(key)
+    except BaseException:
+        return False
+    return True
+
+
+def _on_the_callers_thread(
+    kit: Kit, selected: list[Scenario], on_result: Callable[[ScenarioResult], Any] | None
+) -> list[ScenarioResult]:
+    """Run the scenarios on a thread of their own while this thread (the caller's)
+    serves the adapter's calls: an adapter bound to its thread works, and its calls
+    keep their deadlines (a call that never returns holds this thread, though: give a
+    factory to have such a resource bounded too)."""
+    kit.bound = True
+    kit.home = Home(thread=False)
+    driver: Future[list[ScenarioResult]] = Future()
+
+    def drive() -> None:
+        try:
+            driver.set_result(_run_all(kit, selected, on_result))
+        except BaseException as err:  # handed to the caller
+            driver.set_exception(err)
+        finally:
+            kit.home.stop()
+
+    threading.Thread(target=drive, name="conformance-driver", daemon=True).start()
+    kit.home.serve()
+    return driver.result()
+
+
+def _shut(kit: Kit) -> None:
+    """Close an adapter the kit built, on its home thread, waiting at most the deadline:
+    a close() that fails or hangs is a warning of the report (the verdict stands)."""
+    try:
+        kit.home.call(kit.adapter.shutdown, timeout=kit.deadline, what="the adapter's close()")
+    except Exception as err:
+        kit.warnings.append(f"closing the adapter: {describe(err)}")
 
 
 def run_scenario_named(

@@ -11,12 +11,42 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidArgumentError, NotOwnerError, StaleTokenError
+from .._keys import validate_name
+from ..errors import InvalidArgumentError, InvalidTokenError, NotOwnerError, StaleTokenError
 
-__all__ = ["Adapter", "as_adapter", "build", "load_factory"]
+__all__ = ["Adapter", "AdapterRaised", "as_adapter", "build", "describe", "load_factory"]
 
 #: Exceptions that mean "the resource refused the write" unless an adapter says otherwise.
 DEFAULT_REJECTIONS: tuple[type[BaseException], ...] = (StaleTokenError, NotOwnerError)
+#: The default of an adapter that declares a binding: a bound resource refuses a token of
+#: another lock, from the future or without a lock with an InvalidTokenError (etcdfence's
+#: ForeignTokenError is one).
+BOUND_REJECTIONS: tuple[type[BaseException], ...] = (*DEFAULT_REJECTIONS, InvalidTokenError)
+
+
+class AdapterRaised(Exception):
+    """Adapter code raised a :class:`BaseException` that is not an :class:`Exception`
+    (``SystemExit``, ``KeyboardInterrupt``, ...): the kit catches it where the adapter
+    ran and carries it as this ordinary exception, so it becomes a finding instead of
+    ending the kit (or the process, with exit status 0 and no verdict)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        super().__init__(f"{describe(error)} (a BaseException raised by the adapter's code)")
+
+
+def describe(error: BaseException) -> str:
+    """``"Type: message"`` of an exception, even one whose ``str()`` raises."""
+    try:
+        text = str(error)
+    except Exception:  # an exception class of the user's with a broken __str__
+        text = f"<{type(error).__name__} whose str() raised>"
+    return f"{type(error).__name__}: {text}"
+
+
+def carried(error: BaseException) -> Exception:
+    """``error`` as an :class:`Exception` (wrapped in :class:`AdapterRaised` if it is not)."""
+    return error if isinstance(error, Exception) else AdapterRaised(error)
 
 
 @dataclass
@@ -29,7 +59,11 @@ class Adapter:
       returns normally when the resource **accepted** the write and raises one of
       ``rejections`` (default :class:`~etcdfence.StaleTokenError`,
       :class:`~etcdfence.NotOwnerError`) — or returns ``False`` — when it **refused**
-      it. Any other exception is taken as an unknown outcome and fails the scenario.
+      it. Any other exception is taken as an unknown outcome and fails the scenario
+      (an ``adapter-error`` finding: an error of the adapter or store, which the kit
+      cannot judge — not proof of a fencing violation; retry transient errors inside
+      ``write`` if they are known not to have written anything). So does a
+      ``BaseException`` such as ``SystemExit``: the kit catches it too.
     - ``read(key)`` returns the value stored under ``key`` (``str`` or ``bytes``), or
       ``None`` if there is none. Read the resource itself, not a cache of the writer.
     - ``restart()`` (optional) restarts the resource — or, for a server you cannot
@@ -43,6 +77,23 @@ class Adapter:
       the held bytes and returns once the resource has handled them. The
       late-landing scenario then checks that the attempt, arriving after later
       acknowledged writes of the same term, changes nothing (within-term ordering).
+
+    - ``bound_lock`` (optional): the name of the lock the resource is *bound* to — it
+      refuses, writing nothing, a token of another lock or another etcd cluster, a
+      token from the future (above etcd's current revision) and a bare number with no
+      lock (etcdfence's fences with ``lock=``). The kit's terms then all use that lock
+      (of the etcd the kit is given), ``write`` gets full
+      :class:`~etcdfence.FencingToken` sequencers (``token.lock``,
+      ``token.cluster_id``), the scenarios "token of another lock", "token from the
+      future" and "bare number on a bound resource" run, the scenarios that write
+      made-up bare numbers are skipped, and ``rejections`` defaults to
+      :data:`BOUND_REJECTIONS` (an :class:`~etcdfence.errors.InvalidTokenError` is a
+      refusal too).
+    - ``refuses_future`` (default ``False``): the resource refuses a token above etcd's
+      current revision (:class:`~etcdfence.FutureTokenError`: every etcd fence, and the
+      others with ``verify=``). The scenarios that can only write such tokens
+      (token-digits and large-tokens: tokens up to int64's edge, far above any real
+      revision) are then skipped, saying so: they cannot reach its comparison.
 
     The callables may also be ``async def`` functions; the kit then runs them on one
     event loop of its own (in a background thread), one call at a time.
@@ -59,6 +110,8 @@ class Adapter:
     delay: Callable[..., Any] | None = None
     rejections: tuple[type[BaseException], ...] = DEFAULT_REJECTIONS
     name: str = ""
+    bound_lock: str | None = None
+    refuses_future: bool = False
     _loop: _LoopThread | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -68,7 +121,19 @@ class Adapter:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise InvalidArgumentError(f"Adapter.{name} must be callable or None")
-        self.rejections = tuple(self.rejections)
+        if self.bound_lock is not None:
+            self.bound_lock = validate_name(self.bound_lock, "Adapter.bound_lock")
+        if self.bound_lock is not None and self.rejections is DEFAULT_REJECTIONS:
+            self.rejections = BOUND_REJECTIONS
+        rejections = (self.rejections,) if isinstance(self.rejections, type) else self.rejections
+        try:
+            self.rejections = tuple(rejections)
+        except TypeError:
+            self.rejections = (rejections,)  # type: ignore[assignment]
+        if not all(isinstance(r, type) and issubclass(r, BaseException) for r in self.rejections):
+            raise InvalidArgumentError(
+                f"Adapter.rejections must be exception classes, got {rejections!r}"
+            )
 
     def call(self, name: str, *args: Any) -> Any:
         """Call the adapter's ``name`` callable; awaitables run on the kit's loop."""
@@ -91,9 +156,13 @@ class Adapter:
         ``("unknown", error)`` (an exception that is not one of ``rejections``)."""
         try:
             result = self.call("write", token, key, value)
-        except Exception as err:  # the adapter's exception is the answer we classify
-            detail = f"{type(err).__name__}: {err}"
-            return ("rejected" if self.refused(err) else "unknown"), detail
+        except BaseException as err:  # the adapter's exception is the answer we classify
+            error = err.error if isinstance(err, AdapterRaised) else err
+            if self.refused(error):
+                return "rejected", describe(error)
+            if not isinstance(error, Exception):
+                return "unknown", f"{describe(error)} (a BaseException, caught by the kit)"
+            return "unknown", describe(error)
         if result is False:
             return "rejected", "write returned False"
         return "accepted", None
@@ -128,7 +197,12 @@ class _LoopThread:
 
     def run(self, awaitable: Any) -> Any:
         async def wrap() -> Any:
-            return await awaitable
+            try:
+                return await awaitable
+            except Exception:
+                raise
+            except BaseException as err:  # SystemExit in a task would stop the loop
+                raise AdapterRaised(err) from None
 
         future: Future[Any] = asyncio.run_coroutine_threadsafe(wrap(), self.loop)
         return future.result()
@@ -146,7 +220,8 @@ def as_adapter(obj: Any) -> Adapter:
     if isinstance(obj, Adapter):
         return obj
     if isinstance(obj, Mapping):
-        known = {"write", "read", "restart", "close", "delay", "rejections", "name"}
+        known = {"write", "read", "restart", "close", "delay", "rejections", "name", "bound_lock"}
+        known.add("refuses_future")
         unknown = set(obj) - known
         if unknown:
             raise InvalidArgumentError(f"unknown adapter fields: {sorted(unknown)}")
@@ -160,6 +235,8 @@ def as_adapter(obj: Any) -> Adapter:
             delay=getattr(obj, "delay", None),
             rejections=getattr(obj, "rejections", DEFAULT_REJECTIONS),
             name=getattr(obj, "name", "") or type(obj).__name__,
+            bound_lock=getattr(obj, "bound_lock", None),
+            refuses_future=bool(getattr(obj, "refuses_future", False)),
         )
     raise InvalidArgumentError(
         f"not an adapter: {type(obj).__name__} (need write(token, key, value) and read(key))"

@@ -17,7 +17,7 @@ FINDINGS_SHOWN = 8
 @dataclass(frozen=True)
 class Finding:
     """One thing that went wrong: a history-checker violation (``kind`` as in
-    :mod:`etcdfence.testing.history`) or one of the kit's own checks."""
+    :mod:`etcdfence.history`) or one of the kit's own checks."""
 
     kind: str
     message: str
@@ -92,6 +92,10 @@ class Report:
     endpoints: list[str]
     results: list[ScenarioResult]
     seconds: float = 0.0
+    #: What went wrong that does not bear on the verdict (a close() that raised).
+    warnings: list[str] = field(default_factory=list)
+    #: The lock the adapter declared its resource bound to (``Adapter.bound_lock``).
+    bound_lock: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -129,12 +133,15 @@ class Report:
     def render(self) -> str:
         """The whole report as text (also ``str(report)``)."""
         width = max((len(r.name) for r in self.results), default=10)
-        lines = [f"etcdfence conformance: {self.adapter} (etcd {', '.join(self.endpoints)})"]
+        bound = f", bound to lock {self.bound_lock!r}" if self.bound_lock else ""
+        lines = [f"etcdfence conformance: {self.adapter} (etcd {', '.join(self.endpoints)}{bound})"]
         for r in self.results:
             lines.append(f"  {r.status.upper():4}  {r.name:{width}}  {r.explanation}")
         failures = [r for r in self.results if r.status == "fail"]
         for r in failures:
             lines += ["", r.render()]
+        if self.warnings:
+            lines += ["", *(f"warning: {w}" for w in self.warnings)]
         lines += ["", self.summary()]
         return "\n".join(lines)
 
@@ -147,8 +154,10 @@ class Report:
             "ok": self.ok,
             "adapter": self.adapter,
             "endpoints": list(self.endpoints),
+            "bound_lock": self.bound_lock,
             "seconds": round(self.seconds, 3),
             "failed": self.failed,
+            "warnings": list(self.warnings),
             "scenarios": [result.to_dict() for result in self.results],
         }
 

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..errors import EtcdfenceError
-from ..testing.history import Event, Recorder, parse_events
+from ..fence.base import TokenLike
+from ..history import Event, Recorder, parse_events
 from ..testing.procs import LineReader, start, stop
-from ..token import ENV_VARS
-from ._adapter import Adapter, as_adapter
-from ._child import record_writes
+from ..token import ENV_VARS, FencingToken
+from ._adapter import Adapter, as_adapter, build, describe
+from ._child import carried_token, record_writes
 
 __all__ = ["KitError", "ProcessWriter", "ThreadWriter", "Writer"]
 
@@ -42,21 +43,47 @@ class Writer:
         """The history's resource name of ``key`` (the same the kit's own writes use)."""
         return key[len(self.data_prefix) :] if key.startswith(self.data_prefix) else key
 
-    def send(self, contender: str, key: str, token: int | None, count: int = 1) -> int:
+    def send(
+        self,
+        contender: str,
+        key: str,
+        token: TokenLike | None,
+        count: int = 1,
+        at: float | None = None,
+        keys: list[str] | None = None,
+    ) -> int:
+        """Queue ``count`` writes of ``key`` with ``token``; ``at`` (a ``time.time()``
+        moment) is the start barrier: the writer waits for it before the first write.
+        ``keys``: instead, one write of each of these keys in turn."""
         raise NotImplementedError
 
+    def ready(self) -> None:
+        """Return once the writer can write at once (its adapter is built)."""
+
     def _command(
-        self, ids: Iterator[int], contender: str, key: str, token: int | None, count: int
+        self,
+        ids: Iterator[int],
+        contender: str,
+        key: str,
+        token: TokenLike | None,
+        count: int,
+        at: float | None = None,
+        keys: list[str] | None = None,
     ) -> dict[str, Any]:
         """A numbered write command, as both kinds of writer carry it."""
-        return {
+        command = {
             "id": next(ids),
             "contender": contender,
             "key": key,
             "resource": self.resource(key),
-            "token": token,
+            "token": carried_token(token),
             "count": count,
         }
+        if at is not None:
+            command["at"] = at
+        if keys:
+            command["keys"] = [[k, self.resource(k)] for k in keys]
+        return command
 
     def wait(self, command: int, timeout: float = WRITER_TIMEOUT) -> None:
         raise NotImplementedError
@@ -67,7 +94,7 @@ class Writer:
     def close(self) -> None:
         raise NotImplementedError
 
-    def run(self, contender: str, key: str, token: int | None, count: int = 1) -> None:
+    def run(self, contender: str, key: str, token: TokenLike | None, count: int = 1) -> None:
         """``send`` and ``wait``: one command, done."""
         self.wait(self.send(contender, key, token, count))
 
@@ -106,11 +133,22 @@ class ProcessWriter(Writer):
                 + (f"; its stderr ends:\n{tail}" if tail else "")
             ) from None
 
-    def send(self, contender: str, key: str, token: int | None, count: int = 1) -> int:
+    def ready(self) -> None:
         if not self._ready:
             self._wait_line(lambda line: '"ready"' in line, WRITER_TIMEOUT, "build its adapter")
             self._ready = True
-        line = self._command(self._ids, contender, key, token, count)
+
+    def send(
+        self,
+        contender: str,
+        key: str,
+        token: TokenLike | None,
+        count: int = 1,
+        at: float | None = None,
+        keys: list[str] | None = None,
+    ) -> int:
+        self.ready()
+        line = self._command(self._ids, contender, key, token, count, at, keys)
         command: int = line["id"]
         assert self.proc.stdin is not None
         try:
@@ -141,19 +179,32 @@ class ProcessWriter(Writer):
 
 
 class ThreadWriter(Writer):
-    """A thread of this process writing through ``adapter`` (its own, or one shared
-    with the kit: then the adapter must be thread-safe). ``env`` plays the
-    environment for a token taken from it."""
+    """A thread of this process writing through an adapter: its own, built on this
+    thread from ``factory`` (and closed on it), or ``adapter``, shared with the kit
+    (then the adapter must be thread-safe, or ``route`` sends each write to the
+    thread it belongs to). ``env`` plays the environment for a token taken from it.
+    ``timeout`` bounds building the adapter and closing it."""
 
     def __init__(
-        self, adapter: Any, name: str, env: Mapping[str, str] | None = None, *, owned: bool = False
+        self,
+        name: str,
+        env: Mapping[str, str] | None = None,
+        *,
+        adapter: Any = None,
+        factory: Callable[..., Any] | None = None,
+        endpoints: list[str] | None = None,
+        route: Callable[[Any, str, str], tuple[str, str | None]] | None = None,
+        timeout: float = WRITER_TIMEOUT,
     ) -> None:
         self.name = name
-        self.adapter: Adapter = as_adapter(adapter)
-        self.owned = owned  # shut the adapter down with the writer
+        self.adapter: Adapter | None = None if adapter is None else as_adapter(adapter)
+        self.factory, self.endpoints = factory, list(endpoints or [])
+        self.route, self.timeout = route, timeout
         self.env = dict(env or {})
         self._events: list[Event] = []
         self._lock = threading.Lock()
+        self._built = threading.Event()
+        self._failure: str | None = None  # why the adapter could not be built or closed
         self._done: dict[int, threading.Event] = {}
         self._errors: dict[int, BaseException] = {}
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
@@ -167,20 +218,55 @@ class ThreadWriter(Writer):
             self._events.append(event)
 
     def _serve(self) -> None:
+        if self.factory is not None:
+            try:
+                self.adapter = build(self.factory, self.endpoints)
+            except BaseException as err:  # the user's factory: reported by ready()
+                self._failure = f"its adapter factory failed: {describe(err)}"
+        self._built.set()
+        try:
+            self._commands()
+        finally:
+            if self.factory is not None and self.adapter is not None:
+                try:
+                    self.adapter.shutdown()
+                except BaseException as err:  # reported by close()
+                    self._failure = f"its adapter's close() raised {describe(err)}"
+
+    def _commands(self) -> None:
         while (command := self._queue.get()) is not None:
             name = command["contender"]
             recorder = self._recorders.setdefault(name, Recorder(name, self._sink))
             try:
                 if command["token"] is None:
                     command = {**command, "token": _env_token(self.env)}
-                record_writes(self.adapter, recorder, command)
-            except Exception as err:  # reported by wait()
+                assert self.adapter is not None
+                record_writes(self.route or self.adapter.attempt, recorder, command)
+            except BaseException as err:  # reported by wait()
                 self._errors[command["id"]] = err
             finally:
                 self._done[command["id"]].set()
 
-    def send(self, contender: str, key: str, token: int | None, count: int = 1) -> int:
-        line = self._command(self._ids, contender, key, token, count)
+    def ready(self) -> None:
+        if not self._built.wait(self.timeout):
+            raise KitError(
+                f"writer thread {self.name}'s adapter factory did not return within "
+                f"{self.timeout:g} s"
+            )
+        if self.adapter is None:
+            raise KitError(f"writer thread {self.name}: {self._failure}")
+
+    def send(
+        self,
+        contender: str,
+        key: str,
+        token: TokenLike | None,
+        count: int = 1,
+        at: float | None = None,
+        keys: list[str] | None = None,
+    ) -> int:
+        self.ready()
+        line = self._command(self._ids, contender, key, token, count, at, keys)
         command: int = line["id"]
         self._done[command] = threading.Event()
         self._queue.put(line)
@@ -191,21 +277,27 @@ class ThreadWriter(Writer):
             raise KitError(f"writer thread {self.name} did not finish within {timeout:.0f} s")
         error = self._errors.get(command)
         if error is not None:
-            raise KitError(f"writer thread {self.name} failed: {type(error).__name__}: {error}")
+            raise KitError(f"writer thread {self.name} failed: {describe(error)}")
 
     def events(self) -> list[Event]:
         with self._lock:
             return list(self._events)
 
     def close(self) -> None:
+        """End the thread (closing an adapter of its own there), waiting at most
+        ``timeout``; :class:`KitError` if that failed or did not finish in time."""
         self._queue.put(None)
-        self._thread.join(10.0)
-        if self.owned:
-            self.adapter.shutdown()
+        if not self._built.is_set():
+            raise KitError(f"writer thread {self.name}'s adapter factory never returned")
+        self._thread.join(self.timeout)
+        if self._thread.is_alive():
+            raise KitError(f"writer thread {self.name} (closing its adapter) did not finish "
+                           f"within {self.timeout:g} s")  # fmt: skip
+        if self._failure is not None and self.adapter is not None:
+            raise KitError(f"writer thread {self.name}: {self._failure}")
 
 
-def _env_token(env: Mapping[str, str]) -> int:
-    """The token a child would find in ``env`` (parsed as a child parses it)."""
-    from ..token import FencingToken
-
-    return FencingToken.from_env(env).value
+def _env_token(env: Mapping[str, str]) -> str:
+    """The token a child would find in ``env`` (parsed as a child parses it), as a
+    command carries it."""
+    return FencingToken.from_env(env).to_header()[1]

@@ -14,7 +14,6 @@ from typing import Any
 
 from .. import Client
 from .._keys import DEFAULT_FENCE_PREFIX
-from ..errors import InvalidArgumentError
 from ..sql import SQLFence
 from ._adapter import Adapter
 
@@ -22,18 +21,24 @@ __all__ = ["fence_guard_adapter", "sql_fence_adapter"]
 
 
 def fence_guard_adapter(
-    endpoints: list[str], *, prefix: str = DEFAULT_FENCE_PREFIX, timeout: float = 5.0
+    endpoints: list[str],
+    *,
+    prefix: str = DEFAULT_FENCE_PREFIX,
+    timeout: float = 5.0,
+    lock: str | None = None,
 ) -> Adapter:
     """An adapter writing etcd keys through :class:`~etcdfence.FenceGuard` (one guard,
-    i.e. one mark, per key). ``restart()`` reconnects: the mark lives in etcd."""
+    i.e. one mark, per key). ``restart()`` reconnects: the mark lives in etcd.
+    ``lock``: every guard is bound to that lock (``client.fence(key, lock=...)``), and
+    the adapter declares it, so the kit runs its bound-resource scenarios too."""
     state: dict[str, Any] = {"client": Client(endpoints, timeout=timeout), "guards": {}}
-    lock = threading.Lock()
+    mutex = threading.Lock()
 
     def guard(key: str) -> Any:
-        with lock:
+        with mutex:
             guards = state["guards"]
             if key not in guards:
-                guards[key] = state["client"].fence(key, prefix=prefix)
+                guards[key] = state["client"].fence(key, prefix=prefix, lock=lock)
             return guards[key]
 
     def write(token: Any, key: str, value: str) -> None:
@@ -44,54 +49,64 @@ def fence_guard_adapter(
         return None if kv is None else bytes(kv.value)
 
     def restart() -> None:
-        with lock:
+        with mutex:
             state["client"].close()
             state["client"], state["guards"] = Client(endpoints, timeout=timeout), {}
 
-    return Adapter(write, read, restart, lambda: state["client"].close(), name="FenceGuard")
+    return Adapter(
+        write,
+        read,
+        restart,
+        lambda: state["client"].close(),
+        name="FenceGuard" if lock is None else "BoundFenceGuard",
+        bound_lock=lock,
+        refuses_future=True,
+    )
 
 
 def sql_fence_adapter(
     connect: Callable[[], Any], *, data_table: str, fences_table: str | None = None
 ) -> Adapter:
-    """An adapter writing rows ``(k, v)`` of ``data_table`` through
-    :meth:`~etcdfence.sql.SQLFence.guarded` (the key is the fenced resource).
-    ``connect()`` returns a new DB-API connection (sqlite3, psycopg, PyMySQL);
-    ``restart()`` closes it and connects again — for SQLite that is the resource's
-    restart; for a server, the client's. Create the tables first
-    (``SQLFence.ensure_schema()`` and ``k VARCHAR(255) PRIMARY KEY, v TEXT``)."""
-    if not data_table.replace("_", "").isalnum():
-        raise InvalidArgumentError(f"data_table must be an identifier: {data_table!r}")
-    kwargs = {} if fences_table is None else {"table": fences_table}
+    """An adapter writing key/value rows of ``data_table`` through
+    :meth:`~etcdfence.sql.SQLFence.put` — one fence bound per key, the key being the
+    fenced resource. ``connect()`` returns a new DB-API connection (sqlite3, psycopg,
+    PyMySQL); ``restart()`` closes it and connects again — for SQLite that is the
+    resource's restart; for a server, the client's. Create the tables first
+    (``SQLFence(conn, resource, table=..., data_table=...).ensure_schema()``)."""
+    tables = {"data_table": data_table}
+    if fences_table is not None:
+        tables["table"] = fences_table
     state: dict[str, Any] = {}
+    lock = threading.Lock()
 
     def open_() -> None:
-        state["conn"] = connect()
-        state["fence"] = SQLFence(state["conn"], **kwargs)
+        state["conn"], state["fences"] = connect(), {}
+
+    def fence(key: str) -> SQLFence:
+        with lock:
+            fences: dict[str, SQLFence] = state["fences"]
+            if key not in fences:
+                # one connection: the fences of all keys share it (and take turns on it)
+                first = next(iter(fences.values()), None)
+                fences[key] = (
+                    SQLFence(state["conn"], key, **tables)
+                    if first is None
+                    else first.for_resource(key)
+                )
+            return fences[key]
 
     open_()
-    upsert = {
-        "mysql": "INSERT INTO {t} (k, v) VALUES ({p}, {p}) ON DUPLICATE KEY UPDATE v = VALUES(v)",
-    }.get(state["fence"].dialect, "INSERT INTO {t} (k, v) VALUES ({p}, {p}) "
-          "ON CONFLICT (k) DO UPDATE SET v = excluded.v")  # fmt: skip
-    p = "?" if state["fence"].dialect == "sqlite" else "%s"
 
     def write(token: Any, key: str, value: str) -> None:
-        with state["fence"].guarded(key, token) as cur:
-            cur.execute(upsert.format(t=data_table, p=p), (key, value))
+        fence(key).put(token, key, value)
 
     def read(key: str) -> str | None:
-        cur = state["conn"].cursor()
-        try:
-            cur.execute(f"SELECT v FROM {data_table} WHERE k = {p}", (key,))
-            row = cur.fetchone()
-        finally:
-            cur.close()
-            state["conn"].rollback()  # end the read's transaction before the next guarded()
-        return None if row is None else str(row[0])
+        value = fence(key).get(key)
+        return None if value is None else value.decode()
 
     def restart() -> None:
-        state["conn"].close()
-        open_()
+        with lock:
+            state["conn"].close()
+            open_()
 
     return Adapter(write, read, restart, lambda: state["conn"].close(), name="SQLFence")

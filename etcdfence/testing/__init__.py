@@ -13,8 +13,9 @@ Use this package in your own tests of code built on etcdfence:
   output and poll conditions with deadlines (the rest of the process toolkit, ``start``
   and ``stop``, is in :mod:`etcdfence.testing.procs`).
 
-The history recorder and checker of the chaos suite live in
-:mod:`etcdfence.testing.history`; they are the suite's tooling, not exported here.
+The history recorder and checker (used by the chaos suite and the conformance kit) are
+their own package, :mod:`etcdfence.history`; ``etcdfence.testing.history`` re-exports it
+for older imports.
 
 The pytest plugin (:mod:`etcdfence.testing.plugin`, loaded automatically) provides the
 ``etcd_endpoints``, ``etcd_server``, ``etcd_cluster``, ``etcd_client``,

@@ -7,12 +7,12 @@
 
 Use it when a test needs a leader in *another process* — to freeze it (SIGSTOP), cut it
 off, skew its clock — and needs to know afterwards what it did and believed. Every step
-is one JSON line on stdout (:class:`etcdfence.testing.history.Event`: campaign,
+is one JSON line on stdout (:class:`etcdfence.history.Event`: campaign,
 elected, write and its outcome accepted / rejected / unknown, lost, note), which
 :class:`~etcdfence.testing.procs.LineReader` and
-:func:`~etcdfence.testing.history.parse_events` read back and
-:func:`~etcdfence.testing.history.check` judges. Keys follow
-:class:`~etcdfence.testing.history.Layout`: it campaigns on ``ROOT/election`` and
+:func:`~etcdfence.history.parse_events` read back and
+:func:`~etcdfence.history.check` judges. Keys follow
+:class:`~etcdfence.history.Layout`: it campaigns on ``ROOT/election`` and
 writes ``ROOT/data/<resource>`` through a fence guard whose marks live under
 ``ROOT/fence/`` (``--unsafe``: plain puts, no fencing). The library's log lines go to
 stderr. SIGTERM (or SIGINT) resigns and exits 0.
@@ -61,7 +61,7 @@ import structlog
 
 import etcdfence as ef
 
-from .history import Layout, PendingWrite, Recorder, jsonl_sink
+from ..history import Layout, PendingWrite, Recorder, jsonl_sink
 
 __all__ = ["main", "parse_args"]
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgumentError
 from .server import (
     _HOST,
     EtcdCluster,
@@ -455,11 +455,11 @@ class NetnsCluster(EtcdCluster):
     def _check(self, *indexes: int) -> None:
         for index in indexes:
             if isinstance(index, bool) or not isinstance(index, int):
-                raise InvalidArgument(f"member index must be an int, got {index!r}")
+                raise InvalidArgumentError(f"member index must be an int, got {index!r}")
             if not 0 <= index < self._size:
-                raise InvalidArgument(f"no member {index} in a cluster of {self._size}")
+                raise InvalidArgumentError(f"no member {index} in a cluster of {self._size}")
         if len(indexes) == 2 and indexes[0] == indexes[1]:
-            raise InvalidArgument(f"a link needs two different members, got {indexes}")
+            raise InvalidArgumentError(f"a link needs two different members, got {indexes}")
 
     def address(self, index: int) -> str:
         """Member ``index``'s address inside the namespaces (e.g. ``10.213.0.1``)."""
@@ -509,7 +509,7 @@ class NetnsCluster(EtcdCluster):
         cut) in a background thread, until :meth:`heal`."""
         self._check(i, j)
         if not period > 0:
-            raise InvalidArgument(f"period must be > 0, got {period!r}")
+            raise InvalidArgumentError(f"period must be > 0, got {period!r}")
         stop = threading.Event()
 
         def run() -> None:

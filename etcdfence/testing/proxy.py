@@ -76,6 +76,9 @@ class _Connection:
         self.held = {"upstream": False, "downstream": False}
         self.released = {"upstream": asyncio.Event(), "downstream": asyncio.Event()}
         self.severed = False
+        # the directions in which a blackhole dropped bytes of it: nothing after them
+        # may get through there (TCP delivers in order or not at all); heal() resets it
+        self.lost: set[str] = set()
         # bytes read from one side and not yet delivered to (or dropped for) the other
         self.pending = {"upstream": 0, "downstream": 0}
 
@@ -96,8 +99,11 @@ class FaultProxy:
 
     - :meth:`blackhole` — bytes in the chosen direction are silently dropped; connections
       stay open and nothing is reset, new connections are accepted but nothing gets
-      through (a partition). With ``hold=True`` bytes are held back instead and delivered
-      on :meth:`heal` (a partition that heals before TCP gives up).
+      through (a partition). A connection that lost bytes never delivers anything after
+      them: :meth:`heal` resets it (a partition that outlasted TCP's retransmissions),
+      while a connection that lost nothing carries on. With ``hold=True`` bytes are held
+      back instead and delivered on :meth:`heal` (a partition that heals before TCP gives
+      up).
     - :meth:`delay` — latency added to every chunk, order preserved.
     - :meth:`reset` — abort every current connection with a TCP RST.
     - :meth:`hold` / :meth:`release` — hold back the bytes of the connections open
@@ -175,6 +181,12 @@ class FaultProxy:
 
         Nothing is closed or reset, on either side: a client sees its requests time out,
         as in a network partition. Lasts until :meth:`heal`.
+
+        TCP never skips bytes: a real connection delivers in order or breaks. So a
+        connection that had bytes dropped stays silent until :meth:`heal` resets it (as
+        a connection whose retransmissions timed out); it is never resumed with a gap,
+        which would lose whole messages of a protocol (say gRPC responses on an HTTP/2
+        stream) without either side noticing.
         """
         chosen = _directions(direction)
 
@@ -187,9 +199,14 @@ class FaultProxy:
         self._call(apply())
 
     def heal(self) -> None:
-        """End every blackhole: traffic flows again (held bytes are delivered)."""
+        """End every blackhole: traffic flows again (held bytes are delivered); the
+        connections that lost bytes to it are reset (see :meth:`blackhole`)."""
 
         async def apply() -> None:
+            # before anything flows again, so no byte after a lost one gets through
+            for conn in [c for c in self._conns if c.lost]:
+                self._conns.discard(conn)
+                conn.abort()
             for name in self._blackholed:
                 self._blackholed[name] = False
                 self._healed[name].set()
@@ -492,6 +509,7 @@ class FaultProxy:
         heal), or answers to a client that was severed."""
         while self._blackholed[direction] and self._hold:
             await self._healed[direction].wait()
-        if self._blackholed[direction]:
-            return True  # dropped on the floor
+        if self._blackholed[direction] or direction in conn.lost:
+            conn.lost.add(direction)  # dropped on the floor: nothing after it may pass
+            return True
         return conn.severed and direction == "downstream"  # the client is gone

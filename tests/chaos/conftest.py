@@ -25,7 +25,7 @@ from typing import IO, Any
 import pytest
 
 import etcdfence as ef
-from etcdfence.testing.history import (
+from etcdfence.history import (
     CheckResult,
     Event,
     History,

@@ -54,8 +54,8 @@ from chaos.conftest import (
     ScenarioRecord,
     finish,
 )
+from etcdfence.history import Layout, Observer
 from etcdfence.testing import EtcdCluster
-from etcdfence.testing.history import Layout, Observer
 from etcdfence.testing.netns import NetnsCluster, netns_unavailable
 
 TTL = 1

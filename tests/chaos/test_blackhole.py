@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 import etcdfence as ef
+from etcdfence.history import Observer, parse_write_value
 from etcdfence.testing import FaultProxy
-from etcdfence.testing.history import Observer, parse_write_value
 from etcdfence.testing.proxy import Direction
 
 from .conftest import Contenders, ScenarioRecord, finish, rounds

@@ -3,12 +3,12 @@ lease / write / blackhole / heal / wait, with every safety invariant checked aft
 
 Three in-process contenders each reach the cluster through their own
 :class:`~etcdfence.testing.FaultProxy`. Hypothesis picks the steps; after each one the
-ground-truth observer catches up and :func:`~etcdfence.testing.history.check` runs on
+ground-truth observer catches up and :func:`~etcdfence.history.check` runs on
 the whole history so far. Rules draw their arguments independently of the state (a
 rule that does not apply is a no-op): the system under test is timing-dependent, and
 hypothesis must be able to replay the same choices.
 
-What ends a contender's *belief* that it leads (see :mod:`etcdfence.testing.history`):
+What ends a contender's *belief* that it leads (see :mod:`etcdfence.history`):
 ``resign`` (recorded before the call), its session's local deadline (an orphaned or cut
 off session — "pause" stops the keepalives without telling anyone), and ``revoke``:
 an operator revoking the lease takes leadership away at once, and the contender cannot
@@ -36,8 +36,8 @@ from hypothesis.stateful import (
 )
 
 import etcdfence as ef
+from etcdfence.history import CheckResult, History, Layout, Observer, Recorder, check
 from etcdfence.testing import FaultProxy
-from etcdfence.testing.history import CheckResult, History, Layout, Observer, Recorder, check
 
 from .conftest import ScenarioRecord, rounds
 

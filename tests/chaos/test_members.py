@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import etcdfence as ef
-from etcdfence.testing.history import Observer
+from etcdfence.history import Observer
 
 from .conftest import Contenders, ScenarioRecord, finish, rounds, wait_until
 

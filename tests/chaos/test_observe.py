@@ -2,8 +2,8 @@
 
 A driver keeps changing the leader of one election (proclaim a new value, hand over to
 a queued candidate, step down to nobody). ``client.observe(name)`` runs in a thread; an
-:class:`~etcdfence.testing.history.Observer` on another connection records the ground
-truth, from which :func:`~etcdfence.testing.history.leader_changes` derives every
+:class:`~etcdfence.history.Observer` on another connection records the ground
+truth, from which :func:`~etcdfence.history.leader_changes` derives every
 leader change.
 
 Phase 1 compacts at the current revision and defragments every member while the
@@ -35,8 +35,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import etcdfence as ef
+from etcdfence.history import Layout, LeaderState, Observer, leader_changes
 from etcdfence.testing import FaultProxy
-from etcdfence.testing.history import Layout, LeaderState, Observer, leader_changes
 
 from .conftest import ScenarioRecord, rounds, wait_until
 

@@ -4,7 +4,7 @@ A 3-member :class:`NetnsCluster`. The lock holder's client is given every endpoi
 *follower* first, so it talks to that follower. It takes a lock (session TTL 3) and
 writes continuously through ``client.fence(resource).put(token, key, value)``, one
 write after another (each value names the write: a sequence number, see
-:func:`~etcdfence.testing.history.write_value`). Then that follower is isolated from
+:func:`~etcdfence.history.write_value`). Then that follower is isolated from
 the other two members while the holder keeps writing for a few seconds: the write in
 flight at the cut is forwarded by the follower to the raft leader and its bytes stay
 in the network; the session's keepalive on that follower goes unanswered, the client
@@ -15,7 +15,7 @@ Checked from etcd's own history (a watch from the start revision):
 
 - no write of the writer applied after a later acknowledged write of it (applied
   sequence numbers, in revision order, never go below an acknowledged one before them)
-  — also :func:`~etcdfence.testing.history.check`'s ``late-write`` rule;
+  — also :func:`~etcdfence.history.check`'s ``late-write`` rule;
 - the final value is the last acknowledged write (or a later outcome-unknown one);
 - no stale token was accepted (the full history check is clean).
 
@@ -45,7 +45,7 @@ import pytest
 import etcdfence as ef
 from etcdfence import _txn
 from etcdfence._keys import decode_mark_epoch
-from etcdfence.testing.history import (
+from etcdfence.history import (
     CheckResult,
     History,
     Layout,

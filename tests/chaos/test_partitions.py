@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 import etcdfence as ef
-from etcdfence.testing.history import Observer
+from etcdfence.history import Observer
 from etcdfence.testing.netns import NetnsCluster
 
 from .conftest import (
