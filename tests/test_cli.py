@@ -70,12 +70,13 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie (exited, not yet reaped by its parent) no longer runs anything.
+    # A zombie (Z: exited, not yet reaped) or a task being released (X) runs nothing; a
+    # stat that vanished between the kill(0) and the open was reaped in between.
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][0] != "Z"
+            return fh.read().rsplit(") ", 1)[1][0] not in "ZX"
     except OSError:
-        return True
+        return False
 
 
 _RESERVED: list[socket.socket] = []
