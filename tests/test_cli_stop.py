@@ -309,3 +309,120 @@ def test_a_long_ttl_etcd_accepts_does_not_crash_the_reaper(
     )  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 0, (result.returncode, result.stderr)
+
+
+# -- etcdfence lock: the stop signal has a budget too ------------------------------------------
+
+
+def lock_hostile(
+    name: str, grace: float, log: Path, mode: str, endpoint: str, err: Path, ttl: int = 30
+) -> subprocess.Popen[str]:
+    """``etcdfence lock NAME --ttl TTL --grace GRACE -- <the hostile command>``."""
+    args = ["lock", name, "--ttl", str(ttl), "--grace", f"{grace:.2f}"]
+    return spawn(args, "a", log, mode, endpoint, err)
+
+
+@pytest.mark.timeout(60)
+def test_lock_kills_a_command_still_running_grace_after_sigterm_and_releases(
+    etcd_endpoints: list[str], etcd_namespace: str, etcd_client: ef.Client, tmp_path: Path
+) -> None:
+    """``etcdfence lock`` passes SIGTERM on; a command (and its setsid child) that ignores
+    it gets SIGKILL --grace later, and lock exits within --grace + STOP_EXTRA having
+    released the lock (the key is gone at once, not after the 30 s TTL), with no beat of
+    the tree after lock's exit. (Before the fix lock waited forever on such a command.)"""
+    grace = 1.0
+    name = f"{etcd_namespace}/termbudget"
+    log, err = tmp_path / "beats.log", tmp_path / "a.err"
+    proc = lock_hostile(name, grace, log, "setsid", etcd_endpoints[0], err)
+    try:
+        wait_until(lambda: beating(log, "a", 2), 20, "the command and its setsid child beat")
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(grace + STOP_EXTRA + 5)
+        took = time.monotonic() - sent
+        exited = time.time()
+        lines = err.read_text()
+        assert took <= grace + STOP_EXTRA + 0.5, f"lock took {took:.2f}s to stop"
+        assert took >= grace - 0.1, f"SIGKILL came before --grace ({took:.2f}s)"
+        assert code == 128 + signal.SIGKILL, (code, lines)
+        assert "still ran" in lines, lines
+        assert etcd_client.get_prefix(name + "/") == [], "the lock was released"
+        time.sleep(0.3)
+        late = [b for b in beats(log) if b[3] > exited]
+        assert late == [], f"the tree beat after lock exited: {late[:3]}"
+    finally:
+        end_trees(log, [proc])
+
+
+@pytest.mark.timeout(60)
+def test_lock_starts_no_kill_timer_on_sighup(
+    etcd_endpoints: list[str], etcd_namespace: str, etcd_client: ef.Client, tmp_path: Path
+) -> None:
+    """SIGHUP is passed on (a daemon may reload on it) but is no stop request: the command
+    still runs well past --grace, holding the lock."""
+    grace = 0.5
+    name = f"{etcd_namespace}/hup"
+    log, err = tmp_path / "beats.log", tmp_path / "a.err"
+    proc = lock_hostile(name, grace, log, "child", etcd_endpoints[0], err)
+    try:
+        wait_until(lambda: beating(log, "a", 2), 20, "the command and its child beat")
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(grace + 1.5)
+        assert proc.poll() is None, err.read_text()
+        recent = {b[2] for b in beats(log) if b[3] > time.time() - 0.5}
+        assert len(recent) == 2, "both processes still beat"
+        assert len(etcd_client.get_prefix(name + "/")) == 1
+    finally:
+        end_trees(log, [proc])
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(not freezer_writable(), reason="needs root and a cgroup-v1 freezer")
+@pytest.mark.parametrize("how", ["sigterm", "command-exits"])
+def test_lock_releases_nothing_while_a_stuck_process_is_not_proven_dead(
+    how: str,
+    etcd_endpoints: list[str],
+    etcd_namespace: str,
+    etcd_client: ef.Client,
+    tmp_path: Path,
+) -> None:
+    """The command's child is stuck in the kernel (frozen: SIGKILL cannot end it). When
+    lock is stopped (SIGTERM) or the command exits, lock must not release the lock or
+    revoke the lease — the next holder could run beside a process that will resume — and
+    exits 1 within --grace + STOP_EXTRA with the line that says so. (Before the fix lock
+    released the lock as soon as it gave up on the stuck process.)"""
+    grace = 1.0
+    name = f"{etcd_namespace}/stucklock"
+    log, err = tmp_path / "beats.log", tmp_path / "a.err"
+    group = FREEZER / f"etcdfence-test-{os.getpid()}-{time.time_ns() % 10**6}"
+    group.mkdir()
+    proc = lock_hostile(name, grace, log, "child", etcd_endpoints[0], err)
+    try:
+        wait_until(lambda: {"main", "child"} <= set(tags(log).values()), 20, "both beat")
+        found = tags(log)
+        main = next(pid for pid, tag in found.items() if tag == "main")
+        stuck = next(pid for pid, tag in found.items() if tag == "child")
+        (group / "tasks").write_text(str(stuck))
+        (group / "freezer.state").write_text("FROZEN")
+        wait_until(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 5, "frozen")
+        sent = time.monotonic()
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.kill(main, signal.SIGKILL)
+        try:
+            code = proc.wait(grace + STOP_EXTRA + 15)
+        except subprocess.TimeoutExpired:
+            code = None
+        took = time.monotonic() - sent
+        lines = err.read_text()
+        assert code == 1, (code, lines)
+        assert "could not be proven dead" in lines and "not releasing" in lines, lines
+        assert len(etcd_client.get_prefix(name + "/")) == 1, "the lock must not be released"
+        if how == "sigterm":
+            assert took <= grace + STOP_EXTRA + 0.5, f"the stop took {took:.2f}s"
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        end_trees(log, [proc])
+        with contextlib.suppress(OSError):
+            group.rmdir()

@@ -12,20 +12,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import _early_signals
 from ..errors import EtcdfenceError
 from ..token import FencingToken
 from . import _options as opt
-from ._exits import EXIT_LOST, EXIT_OK
+from ._exits import EXIT_ERROR, EXIT_LOST, EXIT_OK
 from ._notify import Notifier, child_env
 from ._output import add_write_out, error, print_held, say, signame, warn
 from ._process import (
     POLL,
+    STOP_EXTRA,
     Child,
     Signals,
+    StopBudget,
     add_grace_option,
     kill_deadline,
     must_stop,
@@ -53,7 +58,11 @@ SIGKILL at once, no grace, and lock exits 6. When the lease cannot be renewed in
 time for --grace (etcd still holds it), the command and all it started get SIGTERM,
 then SIGKILL after --grace and no later than the session's local deadline, and lock
 exits 6. If lock itself dies (even by SIGKILL), the whole group is killed at once.
-SIGTERM/SIGHUP (and SIGINT when not from the terminal) are passed on to it.
+SIGTERM/SIGHUP (and SIGINT when not from the terminal) are passed on to it; a
+command still running --grace seconds after the first SIGTERM/SIGINT gets SIGKILL
+with all it started, and lock exits within --grace + 4 s of that signal (the
+release is skipped if etcd does not answer in time: the lock then frees when the
+lease expires). SIGHUP starts no timer (a command may reload on it).
 Without a command, print 'KEY TOKEN' and hold the lock until SIGINT/SIGTERM (exit 0)
 or its loss: etcd took the key or the lease expired (exit 6)."""
 
@@ -93,41 +102,90 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+#: The signals that ask the command to stop (SIGHUP, often "reload", does not).
+_STOPPING = (signal.SIGTERM, signal.SIGINT)
+
+
 def run(args: argparse.Namespace) -> int:
     """``etcdfence lock NAME [-- CMD ...]``."""
-    with (
-        Signals(raising=True) as signals,
-        Notifier.from_env() as notifier,
-        opt.make_client(args) as client,
-    ):
-        session = client.session(ttl=args.ttl)
-        lock = None
+    budget = StopBudget(args.grace)
+    with Signals(raising=True) as signals, Notifier.from_env() as notifier:
+        client = opt.make_client(args)
         try:
-            _early_signals.replay()  # one that came during start-up counts like one now
-            session.open()
-            lock = session.lock(args.name)
-            token = lock.acquire(timeout=args.timeout_acquire)
-            signals.raising = False
-            notifier.ready(f"holding {args.name} (token {token.value})")
-            notifier.start_watchdog(lambda: not session.expired)
-            lost = threading.Event()
-
-            def on_expired() -> None:
-                lost.set()
-                signals.wake.set()
-
-            session.on_expired(on_expired)
-            lock.watch_key(on_taken=on_expired)
-            if not args.command:
-                print_held(args.write_out, token, name=args.name)
-                return _hold(args.name, signals, lost, lock)
-            return _run_locked(args, token, signals, lost, lock)
+            return _locked(args, client, signals, notifier, budget)
         finally:
-            signals.raising = False
-            _release(lock, session)
+            _within(client.close, budget)
 
 
-def _release(lock: Any, session: Any) -> None:
+def _locked(
+    args: argparse.Namespace,
+    client: Any,
+    signals: Signals,
+    notifier: Notifier,
+    budget: StopBudget,
+) -> int:
+    """Acquire, then run the command (or hold) under the lock; release within the budget,
+    and only once the command and all it started are proven dead."""
+    session = client.session(ttl=args.ttl)
+    lock = None
+    proven = [True]  # False: the command's tree could not be proven dead (release nothing)
+    try:
+        _early_signals.replay()  # one that came during start-up counts like one now
+        session.open()
+        lock = session.lock(args.name)
+        token = lock.acquire(timeout=args.timeout_acquire)
+        signals.raising = False
+        notifier.ready(f"holding {args.name} (token {token.value})")
+        notifier.start_watchdog(lambda: not session.expired)
+        lost = threading.Event()
+
+        def on_expired() -> None:
+            lost.set()
+            signals.wake.set()
+
+        session.on_expired(on_expired)
+        lock.watch_key(on_taken=on_expired)
+        if not args.command:
+            print_held(args.write_out, token, name=args.name)
+            return _hold(args.name, signals, lost, lock, budget)
+        status = _run_locked(args, token, signals, lost, lock, budget, proven)
+        return status if proven[0] else _unproven(args.grace)
+    finally:
+        signals.raising = False
+        _within(lambda: _release(lock, session, release=proven[0]), budget)
+
+
+def _unproven(grace: float) -> int:
+    """The command's tree could not be proven dead: say that nothing is released."""
+    error(
+        "the command or a process it started could not be proven dead "
+        f"within --grace + {STOP_EXTRA:g}s ({grace + STOP_EXTRA:g}s): not releasing the lock "
+        "or revoking its lease (the next holder waits for the lease's TTL); exiting 1"
+    )
+    return EXIT_ERROR
+
+
+def _within(step: Callable[[], None], budget: StopBudget) -> None:
+    """Run a leaving step (release, close) to its end, or, once a stop signal started
+    the budget, for what is left of it: the command is proven gone by then, so a step
+    cut short only leaves the lock to its lease's expiry."""
+    if budget.started is None:
+        step()
+        return
+    worker = threading.Thread(target=step, name="etcdfence-release", daemon=True)
+    worker.start()
+    worker.join(budget.exit_left(STOP_EXTRA))
+    if worker.is_alive():
+        warn("etcd did not confirm the release within the stop budget; "
+             "the lock frees when its lease expires")  # fmt: skip
+
+
+def _release(lock: Any, session: Any, *, release: bool = True) -> None:
+    """Release the lock and revoke the lease; with ``release=False`` (the command is not
+    proven dead) neither: stop renewing, so the lock goes with the lease's expiry."""
+    if not release:
+        session.close(revoke=False)
+        return
     try:
         if lock is not None:
             lock.release()  # sends nothing once the session expired; ends the key watch
@@ -137,11 +195,12 @@ def _release(lock: Any, session: Any) -> None:
         session.close()
 
 
-def _hold(name: str, signals: Signals, lost: threading.Event, lock: Any) -> int:
+def _hold(name: str, signals: Signals, lost: threading.Event, lock: Any, budget: StopBudget) -> int:
     """No command: hold the lock until a signal or its loss."""
     while True:
         signals.wake.clear()
         if signals.take():
+            budget.start()
             return EXIT_OK
         if lost.is_set() or lock.key_taken():
             error(f"lost the lock {name!r}: {_loss(lock, lost)}")
@@ -156,6 +215,22 @@ def _loss(lock: Any, lost: threading.Event) -> str:
     if lost.is_set():
         return "the session's lease expired"
     return "lease not renewed in time"
+
+
+def _overdue(budget: StopBudget, grace: float) -> bool:
+    """Whether --grace has passed since the first stop signal."""
+    return budget.started is not None and time.monotonic() >= budget.started + grace
+
+
+def _kill_overdue(
+    child: Child, grace: float, deadline: Callable[[], float], lock: Any, budget: StopBudget
+) -> int:
+    """The command outlived --grace after a stop signal: SIGKILL it and all it started,
+    collect them within the budget, and return its status."""
+    child.kill_now()  # first kill, then report (a log write may stall)
+    say(f"command {child.pid} still ran {grace:g}s after the stop signal: "
+        "killed it and all it started (SIGKILL)")  # fmt: skip
+    return child.stop(0, deadline=deadline, hurry=lock.key_taken, until=budget.steps_end)
 
 
 def _report_crash(pid: int, returncode: int | None, status: int) -> None:
@@ -184,9 +259,12 @@ def _run_locked(
     signals: Signals,
     lost: threading.Event,
     lock: Any,
+    budget: StopBudget,
+    proven: list[bool],
 ) -> int:
     """Run the command while the lock holds; stop it in time when the lease is lost,
-    and kill it at once when etcd took the key."""
+    kill it at once when etcd took the key, and --grace after a stop signal.
+    ``proven[0]`` is set to whether its tree was proven dead at the end."""
     deadline = kill_deadline(lock.session)
     child = Child(
         args.command,
@@ -205,13 +283,19 @@ def _run_locked(
             taken = lock.key_taken()
             if not taken and child.poll() is not None and not child.expired:
                 returncode = child.returncode
-                status = child.finish(args.grace, deadline=deadline, hurry=lock.key_taken)
+                status = child.finish(
+                    args.grace, deadline=deadline, hurry=lock.key_taken, until=budget.steps_end
+                )
                 if not forwarded and not (child_was_foreground and status == 128 + 2):
                     _report_crash(child.pid, returncode, status)
                 return status
             for signum in signals.take():
                 forwarded = True
                 child.signal(signum)
+                if signum in _STOPPING:
+                    budget.start()
+            if _overdue(budget, args.grace):
+                return _kill_overdue(child, args.grace, deadline, lock, budget)
             if taken or child.expired or lost.is_set() or must_stop(deadline, args.grace):
                 why = f"lost the lock {args.name!r} ({_loss(lock, lost)})"
                 status = stop_command(
@@ -227,4 +311,5 @@ def _run_locked(
                 return EXIT_LOST
             signals.wake.wait(POLL)
     finally:
+        proven[0] = child.contained
         child.close()
