@@ -231,6 +231,35 @@ def freezer_writable() -> bool:
     return os.geteuid() == 0 and (FREEZER / "tasks").exists() and os.access(FREEZER, os.W_OK)
 
 
+def _freezer_group(log: Path) -> Path:
+    """The cgroup-v1 freezer group of one test (named after its beat log)."""
+    return FREEZER / f"etcdfence-test-{os.getpid()}-{abs(hash(str(log))) % 10**8}"
+
+
+def freeze_the_child(log: Path) -> int:
+    """Once the hostile command and its ``child`` beat, freeze the child in a freezer
+    group of its own (stuck in the kernel: SIGKILL cannot end it); the command's pid."""
+    wait_until(lambda: {"main", "child"} <= set(tags(log).values()), 20, "both beat")
+    found = tags(log)
+    main = next(pid for pid, tag in found.items() if tag == "main")
+    group = _freezer_group(log)
+    group.mkdir()
+    (group / "tasks").write_text(str(next(pid for pid, tag in found.items() if tag == "child")))
+    (group / "freezer.state").write_text("FROZEN")
+    wait_until(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 5, "frozen")
+    return main
+
+
+def thaw_and_end(log: Path, procs: list[subprocess.Popen[str]]) -> None:
+    """Thaw the test's freezer group (if it was made), end the trees, remove the group."""
+    group = _freezer_group(log)
+    with contextlib.suppress(OSError):
+        (group / "freezer.state").write_text("THAWED")
+    end_trees(log, procs)
+    with contextlib.suppress(OSError):
+        group.rmdir()
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.skipif(not freezer_writable(), reason="needs root and a cgroup-v1 freezer")
 @pytest.mark.parametrize("how", ["sigterm", "command-exits", "key-deleted"])
@@ -254,18 +283,10 @@ def test_a_stuck_process_ends_the_stop_within_its_budget_with_the_unproven_line(
     budget = grace + STOP_EXTRA
     name = f"{etcd_namespace}/stuck"
     log = tmp_path / "beats.log"
-    group = FREEZER / f"etcdfence-test-{os.getpid()}-{time.time_ns() % 10**6}"
-    group.mkdir()
     err = tmp_path / "a.err"
     proc = supervise(name, "a", ttl, grace, log, "child", etcd_endpoints[0], err)
     try:
-        wait_until(lambda: {"main", "child"} <= set(tags(log).values()), 20, "both beat")
-        found = tags(log)
-        main = next(pid for pid, tag in found.items() if tag == "main")  # the command
-        stuck = next(pid for pid, tag in found.items() if tag == "child")
-        (group / "tasks").write_text(str(stuck))
-        (group / "freezer.state").write_text("FROZEN")
-        wait_until(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 5, "frozen")
+        main = freeze_the_child(log)  # the command's pid; its child is stuck from now on
         sent = time.monotonic()
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)
@@ -285,10 +306,7 @@ def test_a_stuck_process_ends_the_stop_within_its_budget_with_the_unproven_line(
         assert "campaigning again" not in lines, lines
         assert took <= budget + 0.5, f"the stop took {took:.2f}s, budget {budget:.2f}s"
     finally:
-        (group / "freezer.state").write_text("THAWED")
-        end_trees(log, [proc])
-        with contextlib.suppress(OSError):
-            group.rmdir()
+        thaw_and_end(log, [proc])
 
 
 @pytest.mark.timeout(60)
@@ -394,17 +412,9 @@ def test_lock_releases_nothing_while_a_stuck_process_is_not_proven_dead(
     grace = 1.0
     name = f"{etcd_namespace}/stucklock"
     log, err = tmp_path / "beats.log", tmp_path / "a.err"
-    group = FREEZER / f"etcdfence-test-{os.getpid()}-{time.time_ns() % 10**6}"
-    group.mkdir()
     proc = lock_hostile(name, grace, log, "child", etcd_endpoints[0], err)
     try:
-        wait_until(lambda: {"main", "child"} <= set(tags(log).values()), 20, "both beat")
-        found = tags(log)
-        main = next(pid for pid, tag in found.items() if tag == "main")
-        stuck = next(pid for pid, tag in found.items() if tag == "child")
-        (group / "tasks").write_text(str(stuck))
-        (group / "freezer.state").write_text("FROZEN")
-        wait_until(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 5, "frozen")
+        main = freeze_the_child(log)
         sent = time.monotonic()
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)
@@ -422,7 +432,4 @@ def test_lock_releases_nothing_while_a_stuck_process_is_not_proven_dead(
         if how == "sigterm":
             assert took <= grace + STOP_EXTRA + 0.5, f"the stop took {took:.2f}s"
     finally:
-        (group / "freezer.state").write_text("THAWED")
-        end_trees(log, [proc])
-        with contextlib.suppress(OSError):
-            group.rmdir()
+        thaw_and_end(log, [proc])
