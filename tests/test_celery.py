@@ -610,3 +610,55 @@ def test_catch_up_slots_sent_just_before_a_failover_are_resent(
     now = time.time()
     old = [kv.key for kv in records if now - json.loads(kv.value)["sent"] > window + 2.5]
     assert records and not old, f"SENT records kept past the {window} s window: {old}"
+
+
+# -- publisher confirms on RabbitMQ ------------------------------------------------------
+
+
+@pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+def test_a_publish_rabbitmq_refused_is_not_recorded_as_sent(
+    run: Run, etcd_client: ef.Client
+) -> None:
+    """The test's queue refuses every publish (``x-max-length`` 0, ``reject-publish``)
+    and the app leaves ``confirm_publish`` unset: the beat turns publisher confirms on,
+    so each refused publish raises and is tried again on a later tick — never recorded
+    as sent (no SENT record, no last slot), so a new leader would still send it.
+    (Without confirms the dropped publish was recorded as sent: lost for good.)"""
+    run.env["CELERY_TEST_QUEUE_ARGS"] = json.dumps(
+        {"x-max-length": 0, "x-overflow": "reject-publish"}
+    )
+    run.env["CELERY_TEST_CONF"] = json.dumps(
+        {"broker_transport_options": {}, "task_publish_retry_policy": {"max_retries": 0}}
+    )
+    try:
+        beat = run.spawn("beat")
+        wait_until(lambda: len(run.events("sent", beat.pid)) >= 3, 30, f"tries\n{run.output()}")
+        assert etcd_client.get_prefix(f"/{run.ns}/sent/") == [], "a refused publish recorded"
+        assert etcd_client.get_prefix(f"/{run.ns}/schedule/") == []
+        assert "etcdfence.celery_publish_failed" in run.output()
+        assert beat.poll() is None
+    finally:
+        _delete_exchange(run.broker, run.env["CELERY_TEST_QUEUE"])
+
+
+@pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+def test_a_beat_on_rabbitmq_with_confirms_off_does_not_start(
+    run: Run, etcd_client: ef.Client
+) -> None:
+    """``confirm_publish`` set to False on RabbitMQ: the beat refuses to start, with an
+    error naming the setting (a dropped publish would be recorded as sent)."""
+    run.env["CELERY_TEST_CONF"] = json.dumps(
+        {"broker_transport_options": {"confirm_publish": False}}
+    )
+    beat = run.spawn("beat")
+    code = beat.wait(30)
+    assert code != 0, run.output()
+    assert "confirm_publish" in run.output() and "CeleryConfigError" in run.output()
+    assert run.events("sent", beat.pid) == []
+
+
+def _delete_exchange(url: str, name: str) -> None:
+    from kombu.connection import Connection
+
+    with Connection(url, connect_timeout=5) as conn:  # type: ignore[no-untyped-call]
+        conn.default_channel.exchange_delete(name)

@@ -101,6 +101,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.settings = Settings.from_app(app)  # before Scheduler.__init__ sets up
+        _require_confirms(app)  # before the beat's broker connection is made
         self._term: _Term | None = None
         self._client: Client | None = None
         self._elector: LeaderElector | None = None
@@ -372,6 +373,37 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         except EtcdfenceError as err:  # sent, not recorded: resent later, applied once
             log.warning("etcdfence.celery_record_failed", entry=name, error=str(err))
         return True
+
+
+def _require_confirms(app: Any) -> None:
+    """On RabbitMQ (an ``amqp`` transport) the beat publishes with publisher confirms:
+    a slot is recorded as sent only once the broker took it, so a publish the broker
+    dropped or refused (a full queue with ``reject-publish``, a node going down) raises,
+    is logged (``etcdfence.celery_publish_failed``) and is tried again on the next tick
+    instead of being recorded as sent and lost. ``confirm_publish`` unset is turned on;
+    set to anything but True it is a :class:`CeleryConfigError`. (Redis: a publish is
+    a command whose reply is the confirmation; nothing to set.)"""
+    connection = app.connection_for_write()  # not connected: only its transport is read
+    try:
+        driver = connection.transport.driver_type
+    finally:
+        connection.release()
+    if driver != "amqp":
+        return
+    options = dict(app.conf.broker_transport_options or {})
+    confirm = options.get("confirm_publish")
+    if confirm is True:
+        return
+    if confirm is not None:
+        raise CeleryConfigError(
+            f"broker_transport_options['confirm_publish'] is {confirm!r}: on RabbitMQ the "
+            "etcdfence beat needs publisher confirms — without them a publish the broker "
+            "dropped would be recorded as sent and the slot never sent again; remove the "
+            "setting (the beat turns confirms on) or set it to True"
+        )
+    options["confirm_publish"] = True
+    app.conf.broker_transport_options = options
+    log.info("etcdfence.celery_confirm_publish", confirm_publish=True)
 
 
 def _connect(settings: Settings) -> Client:
