@@ -305,6 +305,23 @@ def test_a_beat_killed_between_publish_and_record(
         assert counts["duplicates"] >= 1, f"the control saw no violation: {counts}"
 
 
+def _supervised_beat(run: Run, election: str) -> subprocess.Popen[str]:
+    out = open(run.log.with_suffix(".supervisor.out"), "w")  # noqa: SIM115
+    beat = [sys.executable, "-m", "celery", "-A", "_celery_app", "beat", "-l", "info"]
+    beat += ["--scheduler", "etcdfence.celery:LeaderScheduler", "--schedule", os.devnull]
+    supervise = [sys.executable, "-m", "etcdfence", "run", election, "--id", "sup"]
+    supervisor = start(
+        [*supervise, "--ttl", str(TTL), "--", *beat],
+        env=run.env,
+        cwd=HERE,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    out.close()
+    run.procs.append(supervisor)
+    return supervisor
+
+
 def test_a_beat_under_etcdfence_run_takes_the_supervisors_token(
     run: Run, etcd_client: ef.Client
 ) -> None:
@@ -313,19 +330,7 @@ def test_a_beat_under_etcdfence_run_takes_the_supervisors_token(
     ends with the supervisor."""
     election = f"{run.ns}/beat"
     run.spawn("worker")
-    out = open(run.log.with_suffix(".supervisor.out"), "w")  # noqa: SIM115
-    beat = [sys.executable, "-m", "celery", "-A", "_celery_app", "beat", "-l", "info"]
-    beat += ["--scheduler", "etcdfence.celery:LeaderScheduler", "--schedule", os.devnull]
-    supervise = [sys.executable, "-m", "etcdfence", "run", election, "--id", "sup", "--ttl", "2"]
-    supervisor = start(
-        [*supervise, "--", *beat],
-        env=run.env,
-        cwd=HERE,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
-    out.close()
-    run.procs.append(supervisor)
+    supervisor = _supervised_beat(run, election)
     wait_until(lambda: len(run.events("applied")) >= 2, 30, f"slots applied\n{run.output()}")
     assert candidates(etcd_client, run) == 1, "only the supervisor campaigns"
     tokens = {e["token"] for e in run.events("sent")}
@@ -339,6 +344,49 @@ def test_a_beat_under_etcdfence_run_takes_the_supervisors_token(
     counts = check_invariants(run, etcd_client)
     assert counts["duplicates"] == 0 and counts["backwards"] == 0
     assert etcd_client.leader(election) is None, "the supervisor resigned"
+
+
+def _ppid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_supervised_beat_stops_publishing_at_its_lease_deadline(
+    run: Run, etcd_client: ef.Client
+) -> None:
+    """``etcdfence run -- celery beat``: the whole tree freezes (a paused host) past the
+    TTL, so the supervisor's lease expires; the beat resumes first, its supervisor and
+    reaper still frozen (nothing kills it yet). It must publish no slot due after the
+    freeze: it reads the supervisor's lease (``ETCDFENCE_LEASE``) once past its local
+    deadline and finds it gone. (Before: the beat trusted the supervisor's kill and
+    sent every slot due during the pause.)"""
+    supervisor = _supervised_beat(run, f"{run.ns}/beat")
+    sent = wait_until(lambda: run.events("sent"), 30, f"the beat sends\n{run.output()}")
+    beat = sent[0]["pid"]
+    reaper = _ppid(beat)
+    assert _ppid(reaper) == supervisor.pid
+    frozen = [supervisor.pid, reaper, beat]
+    try:
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        froze = time.time()
+        time.sleep(TTL + 2.5)  # the lease expires in etcd
+        os.kill(beat, signal.SIGCONT)
+        time.sleep(3.0)  # three 1 s slots due, nobody to kill the beat
+        late = [
+            e["slot"]
+            for e in run.events("sent", beat)
+            if parse_time(e["slot"].split("@", 1)[1]).timestamp() > froze
+        ]
+        assert late == [], f"the beat published past its lease: {late}\n{run.output()}"
+        assert "etcdfence.celery_lease_gone" in run.output()
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    wait_until(  # the supervisor sees the loss and stops the frozen term's beat
+        lambda: not Path(f"/proc/{beat}").exists(), 30, f"the beat is stopped\n{run.output()}"
+    )
 
 
 # -- a failover with the old term's tasks still queued ------------------------------------

@@ -28,7 +28,9 @@ A term, from election to loss:
    (bounded catch-up: at most ``etcdfence_catchup`` missed slots per entry are sent,
    the older ones are skipped with the warning ``etcdfence.celery_slots_skipped``);
 4. for every due slot: check the term still holds (the elector's belief and the
-   session's local deadline), publish with the ``fencing-token`` and
+   session's local deadline; under ``etcdfence run`` the local deadline of the
+   supervisor's lease, ``ETCDFENCE_LEASE``, renewed by one ``LeaseTimeToLive`` read
+   once past), publish with the ``fencing-token`` and
    ``etcdfence-slot`` headers, then record the slot — the entry's last slot and the
    slot's SENT record, one transaction through the state fence (publish-then-record:
    a crash in between means the next leader sends the slot again, and the workers'
@@ -50,7 +52,7 @@ from celery.beat import Scheduler
 from .. import metrics
 from .._sync.client import Client
 from .._sync.elector import LeaderElector
-from .._sync.session import Session
+from .._sync.session import Session, default_margin
 from .._wire import messages as m
 from ..errors import EtcdfenceError, InvalidTokenError, StaleTokenError, UnavailableError
 from ..fence.ops import Delete, Op, Put
@@ -76,12 +78,49 @@ class _Term:
     token: FencingToken
     session: Session | None  # None under `etcdfence run` (the supervisor bounds the term)
     state: Any  # the FenceGuard of the schedule state
+    #: under `etcdfence run`: the supervisor's lease (ETCDFENCE_LEASE), read for a local
+    #: deadline; None in elect mode (the session has one) or with no lease in the env
+    lease: _EnvLease | None = None
     next: dict[str, dt.datetime] = field(default_factory=dict)
     resend: dict[str, list[dt.datetime]] = field(default_factory=dict)
     #: the SENT records this term knows of (key -> unix send time), oldest send first:
     #: the ones older than the resend window are deleted along with later records
     sent: dict[str, float] = field(default_factory=dict)
     over: bool = False
+
+
+class _EnvLease:
+    """The local deadline of a supervised beat's term (``etcdfence run``): the lease of
+    the supervisor's leader key (``ETCDFENCE_LEASE``) cannot expire before
+    ``send time + remaining TTL`` of a ``LeaseTimeToLive`` read, so until then this beat
+    still leads without asking; past it, one read renews it — or finds the lease gone
+    (``-1``: the term is over for good) or etcd unreachable (not leading, for now). The
+    supervisor's reaper kills the beat by its own deadline; this check covers a beat
+    that runs on while its supervisor and reaper are frozen or slow (a paused host
+    resuming), so it never publishes past the term."""
+
+    def __init__(self, client: Client, lease_id: int, timeout: float) -> None:
+        self.client, self.lease_id, self.timeout = client, lease_id, timeout
+        self.deadline = 0.0
+        self.gone = False
+
+    def alive(self) -> bool:
+        if self.gone:
+            return False
+        if time.monotonic() < self.deadline:
+            return True
+        sent = time.monotonic()
+        try:
+            ttl = self.client.lease_time_to_live(self.lease_id, timeout=self.timeout)
+        except EtcdfenceError as err:
+            log.warning("etcdfence.celery_lease_unknown", lease=self.lease_id, error=str(err))
+            return False
+        if ttl < 0:
+            self.gone = True
+            log.warning("etcdfence.celery_lease_gone", lease=self.lease_id)
+            return False
+        self.deadline = sent + ttl - default_margin(max(1, ttl))
+        return time.monotonic() < self.deadline
 
 
 class ElectorDiedError(RuntimeError):
@@ -119,7 +158,10 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         self._client = _connect(self.settings)
         if self._mode() == "env":
             token = _env_token(self.settings)
-            self._term = self._begin(token, None)
+            term = self._begin(token, None)
+            if token.lease_id is not None:
+                term.lease = _EnvLease(self._client, token.lease_id, self.settings.timeout)
+            self._term = term
             return
         self._elector = LeaderElector(
             self._client,
@@ -251,8 +293,12 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         beat that was frozen past its deadline sends nothing when it resumes."""
         if term.over or self._term is not term:
             return False
-        if term.session is None:  # under `etcdfence run`: the supervisor ends us
-            return True
+        if term.session is None:  # under `etcdfence run`: the supervisor's lease
+            if term.lease is None or term.lease.alive():
+                return True
+            if term.lease.gone:  # for good: the supervisor stops this beat
+                self._drop_term(term)
+            return False
         elector = self._elector
         if elector is None or not elector.is_leader():
             return False
