@@ -26,7 +26,11 @@ A term, from election to loss:
    each later record. State written before SENT records existed has none: nothing to
    resend then. Each entry resumes with the slot after the last recorded one
    (bounded catch-up: at most ``etcdfence_catchup`` missed slots per entry are sent,
-   the older ones are skipped with the warning ``etcdfence.celery_slots_skipped``);
+   the older ones are skipped with the warning ``etcdfence.celery_slots_skipped``).
+   With the default etcd fence the term also prunes the workers' slot keys of slots
+   no accepted message can name any more (``_prune``: at or before the recorded slot,
+   not resent by this term, SENT outside the window, applied by an older term), a
+   bounded page per tick, through the state fence;
 4. for every due slot: check the term still holds (the elector's belief and the
    session's local deadline; under ``etcdfence run`` the local deadline of the
    supervisor's lease, ``ETCDFENCE_LEASE``, renewed by one ``LeaseTimeToLive`` read
@@ -57,7 +61,8 @@ from .._wire import messages as m
 from ..errors import EtcdfenceError, InvalidTokenError, StaleTokenError, UnavailableError
 from ..fence.ops import Delete, Op, Put
 from ..token import ENV_VARS, FencingToken
-from ._config import CeleryConfigError, Settings
+from ._config import CeleryConfigError, Settings, _quote
+from ._prune import SlotPruner
 from ._slots import Clock, clock_for, parse_time, slot_id, utc_text
 from .worker import SLOT_HEADER, TOKEN_HEADER
 
@@ -81,6 +86,8 @@ class _Term:
     #: under `etcdfence run`: the supervisor's lease (ETCDFENCE_LEASE), read for a local
     #: deadline; None in elect mode (the session has one) or with no lease in the env
     lease: _EnvLease | None = None
+    #: the workers' slot keys this term prunes (default etcd fence only)
+    pruner: SlotPruner | None = None
     next: dict[str, dt.datetime] = field(default_factory=dict)
     resend: dict[str, list[dt.datetime]] = field(default_factory=dict)
     #: the SENT records this term knows of (key -> unix send time), oldest send first:
@@ -263,9 +270,10 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         term = _Term(token, session, state)
         records = _read_sent(client, s)
         horizon = time.time() - s.resend_window
-        _prune(state, token, [r.key for r in records if r.sent < horizon])
+        left = _prune(state, token, [r.key for r in records if r.sent < horizon])
         recent = sorted((r for r in records if r.sent >= horizon), key=lambda r: r.sent)
-        term.sent = {r.key: r.sent for r in recent}
+        kept = sorted((r for r in records if r.key in left), key=lambda r: r.sent)
+        term.sent = {r.key: r.sent for r in [*kept, *recent]}  # what is in etcd, oldest first
         now = dt.datetime.now(_UTC)
         for name, clock in self._clocks.items():
             recorded = _recorded_slot(client, s.state_key(name), name)
@@ -276,6 +284,11 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
             mine = s.sent_prefix(name)
             slots = sorted({r.at for r in recent if r.key.startswith(mine)})
             term.resend[name] = _unapplied(client, s, name, slots)
+        if s.slots_visible:
+            resent = frozenset(
+                _quote(slot_id(name, at)) for name, ats in term.resend.items() for at in ats
+            )
+            term.pruner = SlotPruner.read(client, s, token, resent, term.sent)
         log.info(
             "etcdfence.celery_term_started",
             election=s.election,
@@ -319,7 +332,24 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
             if due is None:
                 return self.idle_interval
             wait = min(wait, (due - now).total_seconds())
+        pruner = term.pruner
+        if pruner is not None:
+            self._prune_slots(term, pruner)
+            wait = min(wait, pruner.next_step - time.monotonic())
         return max(0.0, wait)
+
+    def _prune_slots(self, term: _Term, pruner: SlotPruner) -> None:
+        """One bounded step of pruning the workers' slot keys (``_prune``), when due."""
+        if not pruner.due() or not self._leading(term):
+            return
+        try:
+            pruner.step(term.state)
+        except StaleTokenError as err:  # a newer term fenced the state: we are a zombie
+            log.warning("etcdfence.celery_term_fenced_off", error=str(err))
+            self._drop_term(term)
+        except EtcdfenceError as err:  # tried again later
+            log.warning("etcdfence.celery_slot_prune_failed", error=str(err))
+            pruner.next_step = time.monotonic() + 5.0
 
     def _send_due(self, term: _Term, name: str, entry: Any, now: dt.datetime) -> dt.datetime | None:
         """Send ``name``'s due slots; return its next slot, ``None`` when the term ended."""
@@ -525,9 +555,10 @@ def _read_sent(client: Client, s: Settings) -> list[_Sent]:
     return records
 
 
-def _prune(state: Any, token: FencingToken, keys: list[str]) -> None:
-    """Delete the SENT records ``keys`` (older than the window) through the state fence.
-    A failure other than a newer term's fence is only logged: they are tried again."""
+def _prune(state: Any, token: FencingToken, keys: list[str]) -> set[str]:
+    """Delete the SENT records ``keys`` (older than the window) through the state fence;
+    return the ones left (a failure other than a newer term's fence is only logged: the
+    term deletes them later, with its records)."""
     for i in range(0, len(keys), _PRUNE_BATCH):
         try:
             state.txn(token, [Delete(k) for k in keys[i : i + _PRUNE_BATCH]])
@@ -535,7 +566,8 @@ def _prune(state: Any, token: FencingToken, keys: list[str]) -> None:
             raise
         except EtcdfenceError as err:
             log.warning("etcdfence.celery_prune_failed", keys=len(keys), error=str(err))
-            return
+            return set(keys[i:])
+    return set()
 
 
 def _expired(sent: dict[str, float], horizon: float, keep: str) -> list[str]:
