@@ -29,7 +29,7 @@ A term, from election to loss:
    the older ones are skipped with the warning ``etcdfence.celery_slots_skipped``).
    With the default etcd fence the term also prunes the workers' slot keys of slots
    no accepted message can name any more (``_prune``: at or before the recorded slot,
-   not resent by this term, SENT outside the window, applied by an older term), a
+   not resent by this term, its SENT record deleted, applied by an older term), a
    bounded page per tick, through the state fence;
 4. for every due slot: check the term still holds (the elector's belief and the
    session's local deadline; under ``etcdfence run`` the local deadline of the
