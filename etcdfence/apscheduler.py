@@ -91,7 +91,10 @@ the recorded slots (above) carry what a persistent store would: when a job last 
 Jobs run on the scheduler's ``ThreadPoolExecutor`` or ``AsyncIOExecutor`` only: a process
 pool (or any other executor) would run the bare function, with no admission and no token.
 Add jobs only through :meth:`~LeaderScheduler.add_job` / ``scheduled_job``: a scheduler
-that already holds jobs is refused.
+that already holds jobs is refused, and once started the wrapped scheduler's own
+``add_job`` / ``scheduled_job`` / ``modify_job(func=...)`` raise
+:class:`~etcdfence.errors.InvalidArgumentError` (a job slipped into a job store some other
+way is removed as it is added, before it can run).
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, NoReturn, TypeVar
 
 try:
+    from apscheduler.events import EVENT_JOB_ADDED, EVENT_JOB_MODIFIED
     from apscheduler.executors.asyncio import AsyncIOExecutor
     from apscheduler.executors.pool import ThreadPoolExecutor
     from apscheduler.job import Job
@@ -636,6 +640,54 @@ class _LeaderSchedulerBase(Generic[C]):
                 "add them with add_job / scheduled_job instead"
             )
 
+    def _guard_scheduler(self) -> None:
+        """From :meth:`start` on, refuse a job put on the wrapped scheduler directly
+        (``leader.scheduler.add_job`` / ``scheduled_job``, or ``modify_job(func=...)``
+        with a bare function): it would run outside any term, with no token. The
+        scheduler's own ``add_job`` / ``modify_job`` raise
+        :class:`~etcdfence.errors.InvalidArgumentError`; a job that reaches a job store
+        some other way (``_real_add_job``, a store's ``add_job``) is removed as it is
+        added, before it can run, and logged (``etcdfence.apscheduler_foreign_job``)."""
+        scheduler = self._scheduler
+        if scheduler.__dict__.get(_MARK):
+            return
+        owner = type(self).__name__
+        add, modify = scheduler.add_job, scheduler.modify_job
+
+        def refuse(what: str) -> InvalidArgumentError:
+            return InvalidArgumentError(
+                f"{what} on the scheduler a {owner} wraps would run outside any term, "
+                f"with no token: add jobs with {owner}.add_job / scheduled_job"
+            )
+
+        def add_job(func: Any, *args: Any, **kwargs: Any) -> Job:
+            if not getattr(func, _MARK, False):
+                raise refuse(f"scheduler.add_job({getattr(func, '__qualname__', func)!r})")
+            return add(func, *args, **kwargs)
+
+        def modify_job(job_id: str, jobstore: str | None = None, **changes: Any) -> Job:
+            if "func" in changes and not getattr(changes["func"], _MARK, False):
+                raise refuse(f"scheduler.modify_job({job_id!r}, func=...)")
+            return modify(job_id, jobstore, **changes)
+
+        scheduler.add_job, scheduler.modify_job = add_job, modify_job
+        scheduler.add_listener(self._drop_foreign, EVENT_JOB_ADDED | EVENT_JOB_MODIFIED)
+        scheduler.__dict__[_MARK] = True
+
+    def _drop_foreign(self, event: Any) -> None:
+        """The job-added/modified listener: remove a job whose function this class did
+        not wrap (it runs synchronously in the adding call, before the job can run)."""
+        job = self._scheduler.get_job(event.job_id, event.jobstore)
+        if job is None or getattr(job.func, _MARK, False):
+            return
+        self._scheduler.remove_job(event.job_id, event.jobstore)
+        log.error(
+            "etcdfence.apscheduler_foreign_job",
+            job=event.job_id,
+            election=self._elector.name,
+            reason="added to the wrapped scheduler directly: removed (no term, no token)",
+        )
+
     def _check_before_start(self) -> None:
         self._check_own_jobs()
         for alias in sorted(self._aliases):
@@ -906,6 +958,7 @@ class _LeaderSchedulerBase(Generic[C]):
             if self._started:
                 raise SchedulerStateError(f"{type(self).__name__} already started")
             self._check_before_start()
+            self._guard_scheduler()
             self._started = True
 
     def _claim_shutdown(self) -> bool:

@@ -10,6 +10,8 @@ processes (``python -m celery -A _celery_app ...``), configured by the environme
   publish, after its leadership check: a frozen beat holding a message;
 - ``CELERY_TEST_KILL_AFTER=N``: the beat kills itself (SIGKILL) right after its N-th
   publish, before recording the slot;
+- ``CELERY_TEST_QUEUE_ARGS``: JSON ``x-`` arguments the test's queue is declared with
+  (``x-max-length`` with ``reject-publish``: a broker that refuses every publish);
 - ``CELERY_TEST_CONF``: JSON merged into ``app.conf`` (``task_acks_late``, a bad
   ``etcdfence_*`` value, ...);
 - ``CELERY_TEST_TASK_SLEEP=S``: a worker process's first task sleeps S s after it was
@@ -31,6 +33,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import after_task_publish, before_task_publish
+from kombu.entity import Exchange, Queue
 
 import etcdfence as ef
 from etcdfence.celery import Fenced, FencedTask, TaskRefused, fenced_task
@@ -54,6 +57,16 @@ app.conf.update(
     beat_schedule={"tick": {"task": "_celery_app.tick", "schedule": 1.0}},
 )
 app.conf.update(json.loads(os.environ.get("CELERY_TEST_CONF") or "{}"))
+if os.environ.get("CELERY_TEST_QUEUE_ARGS"):  # the queue declared with these arguments
+    _queue = app.conf.task_default_queue
+    app.conf.task_queues = [
+        Queue(  # type: ignore[no-untyped-call]
+            _queue,
+            Exchange(_queue),  # type: ignore[no-untyped-call]
+            routing_key=_queue,
+            queue_arguments=json.loads(os.environ["CELERY_TEST_QUEUE_ARGS"]),
+        )
+    ]
 
 
 def note(event: str, **fields: Any) -> None:

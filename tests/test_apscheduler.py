@@ -894,3 +894,51 @@ async def test_async_flavour_records_each_slot_before_the_job_body(
         assert recorded is not None
         last = datetime.datetime.fromisoformat(json.loads(recorded.value)["slot"])
         assert last == max(slots[job_id]), (job_id, last, slots[job_id])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["add_job", "scheduled_job", "modify_job", "job_store"])
+def test_jobs_put_on_the_wrapped_scheduler_after_start_never_run(
+    etcd_client: ef.Client, etcd_namespace: str, how: str
+) -> None:
+    """A job added straight to ``leader.scheduler`` once the leader runs (bypassing the
+    wrapper: no term check, no token) is refused with a clear error — ``add_job``,
+    ``scheduled_job``, ``modify_job(func=...)`` — or, slipped into the job store below
+    them, removed as it is added: the bare function never runs, the wrapped job does."""
+    from apscheduler.job import Job
+
+    bare: list[float] = []
+    wrapped: list[int] = []
+
+    def bare_job() -> None:
+        bare.append(time.time())
+
+    def job(token: ef.FencingToken) -> None:
+        wrapped.append(int(token))
+
+    leader = LeaderScheduler(etcd_client, f"{etcd_namespace}/sched", ttl=TTL)
+    leader.add_job(job, "interval", seconds=0.2, id="job")
+    with leader:
+        wait(lambda: wrapped, 10, "the wrapped job runs")
+        inner = leader.scheduler
+        if how == "job_store":
+            trigger = IntervalTrigger(seconds=0.1)
+            slipped = Job(
+                inner, id="slipped", func=bare_job, trigger=trigger, executor="default",
+                args=(), kwargs={}, name="slipped", misfire_grace_time=1, coalesce=True,
+                max_instances=1, next_run_time=datetime.datetime.now(datetime.timezone.utc),
+            )  # fmt: skip
+            inner._real_add_job(slipped, "default", False)
+            assert inner.get_job("slipped") is None
+        else:
+            with pytest.raises(ef.InvalidArgumentError, match=r"LeaderScheduler\.add_job"):
+                if how == "add_job":
+                    inner.add_job(bare_job, "interval", seconds=0.1, id="bare")
+                elif how == "scheduled_job":
+                    inner.scheduled_job("interval", seconds=0.1, id="bare")(bare_job)
+                else:
+                    inner.modify_job("job", func=bare_job)
+        seen = len(wrapped)
+        wait(lambda: len(wrapped) >= seen + 3, 10, "the wrapped job runs on")
+        assert [j.id for j in inner.get_jobs()] == ["job"]
+    assert bare == [], f"a job put on the wrapped scheduler ran with no term: {bare}"

@@ -14,6 +14,7 @@ down the tests skip, unless ``ETCDFENCE_REQUIRE_BROKERS=1`` (CI) makes that a fa
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import os
@@ -275,15 +276,23 @@ def test_a_beat_frozen_holding_a_message_past_its_ttl(
         assert counts["duplicates"] >= 1, f"the control saw no violation: {counts}"
 
 
-@pytest.mark.parametrize("fencing", [True, False], ids=["fenced", "control"])
+@pytest.mark.parametrize(
+    ("fencing", "window"),
+    [(True, None), (True, 0), (False, None)],
+    ids=["fenced", "pruning", "control"],
+)
 def test_a_beat_killed_between_publish_and_record(
-    run: Run, etcd_client: ef.Client, fencing: bool
+    run: Run, etcd_client: ef.Client, fencing: bool, window: int | None
 ) -> None:
     """Beat A is SIGKILLed right after publishing its 3rd slot, before recording it; B
     takes over, finds the slot unrecorded and sends it again: the worker's slot key
-    applies it once (the resend is counted as a duplicate)."""
+    applies it once (the resend is counted as a duplicate). ``pruning``: with a resend
+    window of 0, B prunes the slot keys of A's slots at once — but not the unrecorded
+    slot's, which B sends again."""
     if not fencing:
         run.env["CELERY_TEST_FENCING"] = "0"
+    if window is not None:
+        run.env["CELERY_TEST_CONF"] = json.dumps({"etcdfence_resend_window": window})
     a, b = start_two_beats(run, etcd_client, CELERY_TEST_KILL_AFTER="3")
     killed = wait_until(lambda: run.events("killing", a.pid), 30, "beat A dies")[0]
     took = failover_seconds(run, killed["time"], b.pid)
@@ -301,8 +310,30 @@ def test_a_beat_killed_between_publish_and_record(
         assert counts == {"slots": counts["slots"], "duplicates": 0, "backwards": 0}, counts
         refused = [e for e in run.events("refused") if e["slot"] == killed["slot"]]
         assert [e["reason"] for e in refused] == ["duplicate"], refused
+        if window == 0:  # A's recorded slots were pruned, the killed one kept
+            keys = {kv.key.decode() for kv in etcd_client.get_prefix(f"/{run.ns}/slots/")}
+            kept = {k.rsplit("/", 1)[1] for k in keys}
+            a_slots = {e["slot"] for e in run.events("sent", a.pid)}
+            assert killed["slot"] in kept and not (a_slots - {killed["slot"]}) & kept, kept
     else:
         assert counts["duplicates"] >= 1, f"the control saw no violation: {counts}"
+
+
+def _supervised_beat(run: Run, election: str) -> subprocess.Popen[str]:
+    out = open(run.log.with_suffix(".supervisor.out"), "w")  # noqa: SIM115
+    beat = [sys.executable, "-m", "celery", "-A", "_celery_app", "beat", "-l", "info"]
+    beat += ["--scheduler", "etcdfence.celery:LeaderScheduler", "--schedule", os.devnull]
+    supervise = [sys.executable, "-m", "etcdfence", "run", election, "--id", "sup"]
+    supervisor = start(
+        [*supervise, "--ttl", str(TTL), "--", *beat],
+        env=run.env,
+        cwd=HERE,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    out.close()
+    run.procs.append(supervisor)
+    return supervisor
 
 
 def test_a_beat_under_etcdfence_run_takes_the_supervisors_token(
@@ -313,19 +344,7 @@ def test_a_beat_under_etcdfence_run_takes_the_supervisors_token(
     ends with the supervisor."""
     election = f"{run.ns}/beat"
     run.spawn("worker")
-    out = open(run.log.with_suffix(".supervisor.out"), "w")  # noqa: SIM115
-    beat = [sys.executable, "-m", "celery", "-A", "_celery_app", "beat", "-l", "info"]
-    beat += ["--scheduler", "etcdfence.celery:LeaderScheduler", "--schedule", os.devnull]
-    supervise = [sys.executable, "-m", "etcdfence", "run", election, "--id", "sup", "--ttl", "2"]
-    supervisor = start(
-        [*supervise, "--", *beat],
-        env=run.env,
-        cwd=HERE,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
-    out.close()
-    run.procs.append(supervisor)
+    supervisor = _supervised_beat(run, election)
     wait_until(lambda: len(run.events("applied")) >= 2, 30, f"slots applied\n{run.output()}")
     assert candidates(etcd_client, run) == 1, "only the supervisor campaigns"
     tokens = {e["token"] for e in run.events("sent")}
@@ -339,6 +358,50 @@ def test_a_beat_under_etcdfence_run_takes_the_supervisors_token(
     counts = check_invariants(run, etcd_client)
     assert counts["duplicates"] == 0 and counts["backwards"] == 0
     assert etcd_client.leader(election) is None, "the supervisor resigned"
+
+
+def _ppid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_supervised_beat_stops_publishing_at_its_lease_deadline(
+    run: Run, etcd_client: ef.Client
+) -> None:
+    """``etcdfence run -- celery beat``: the whole tree freezes (a paused host) past the
+    TTL, so the supervisor's lease expires; the beat resumes first, its supervisor and
+    reaper still frozen (nothing kills it yet). It must publish no slot due after the
+    freeze: it reads the supervisor's lease (``ETCDFENCE_LEASE``) once past its local
+    deadline and finds it gone. (Before: the beat trusted the supervisor's kill and
+    sent every slot due during the pause.)"""
+    supervisor = _supervised_beat(run, f"{run.ns}/beat")
+    sent = wait_until(lambda: run.events("sent"), 30, f"the beat sends\n{run.output()}")
+    beat = sent[0]["pid"]
+    reaper = _ppid(beat)
+    assert _ppid(reaper) == supervisor.pid
+    frozen = [supervisor.pid, reaper, beat]
+    try:
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        froze = time.time()
+        time.sleep(TTL + 2.5)  # the lease expires in etcd
+        os.kill(beat, signal.SIGCONT)
+        time.sleep(3.0)  # three 1 s slots due, nobody to kill the beat
+        late = [
+            e["slot"]
+            for e in run.events("sent", beat)
+            if parse_time(e["slot"].split("@", 1)[1]).timestamp() > froze
+        ]
+        assert late == [], f"the beat published past its lease: {late}\n{run.output()}"
+        assert "etcdfence.celery_lease_gone" in run.output()
+    finally:
+        for pid in reversed(frozen):  # a resumed supervisor or reaper may kill the beat:
+            with contextlib.suppress(ProcessLookupError):  # and the reaper reap it
+                os.kill(pid, signal.SIGCONT)
+    wait_until(  # the supervisor sees the loss and stops the frozen term's beat
+        lambda: not Path(f"/proc/{beat}").exists(), 30, f"the beat is stopped\n{run.output()}"
+    )
 
 
 # -- a failover with the old term's tasks still queued ------------------------------------
@@ -574,6 +637,17 @@ def test_after_a_schedule_change_only_sent_slots_are_resent(
     )
 
 
+def _hand_over(run: Run, client: ef.Client, leader: Any) -> tuple[Any, float]:
+    """Start beat B behind ``leader``, stop ``leader`` (SIGTERM: it resigns, B leads at
+    once); return B and the time of the hand-over once B sent."""
+    b = run.spawn("beat")
+    wait_until(lambda: candidates(client, run) == 2, 30, "B campaigns")
+    stop(leader, signal.SIGTERM, timeout=15)
+    cut = time.time()
+    wait_until(lambda: run.events("sent", b.pid), 30, f"B sends\n{run.output()}")
+    return b, cut
+
+
 @pytest.mark.parametrize("broker", ["redis"], indirect=True)
 def test_catch_up_slots_sent_just_before_a_failover_are_resent(
     run: Run, etcd_client: ef.Client
@@ -592,11 +666,7 @@ def test_catch_up_slots_sent_just_before_a_failover_are_resent(
     time.sleep(12)  # every beat down: an outage (a deploy)
     a2 = run.spawn("beat")
     wait_until(lambda: len(run.events("sent", a2.pid)) >= 10, 30, f"A2 catches up\n{run.output()}")
-    b = run.spawn("beat")
-    wait_until(lambda: candidates(etcd_client, run) == 2, 30, "B campaigns")
-    stop(a2, signal.SIGTERM, timeout=15)  # resigns: B leads at once
-    cut = time.time()
-    wait_until(lambda: run.events("sent", b.pid), 30, f"B sends\n{run.output()}")
+    _b, cut = _hand_over(run, etcd_client, a2)
     a2_sent = {e["slot"]: e["time"] for e in run.events("sent", a2.pid)}
     applied = _drain(run, set(a2_sent))
     lost = sorted(s for s in a2_sent if s not in applied)
@@ -610,3 +680,124 @@ def test_catch_up_slots_sent_just_before_a_failover_are_resent(
     now = time.time()
     old = [kv.key for kv in records if now - json.loads(kv.value)["sent"] > window + 2.5]
     assert records and not old, f"SENT records kept past the {window} s window: {old}"
+
+
+# -- publisher confirms on RabbitMQ ------------------------------------------------------
+
+
+@pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+def test_a_publish_rabbitmq_refused_is_not_recorded_as_sent(
+    run: Run, etcd_client: ef.Client
+) -> None:
+    """The test's queue refuses every publish (``x-max-length`` 0, ``reject-publish``)
+    and the app leaves ``confirm_publish`` unset: the beat turns publisher confirms on,
+    so each refused publish raises and is tried again on a later tick — never recorded
+    as sent (no SENT record, no last slot), so a new leader would still send it.
+    (Without confirms the dropped publish was recorded as sent: lost for good.)"""
+    run.env["CELERY_TEST_QUEUE_ARGS"] = json.dumps(
+        {"x-max-length": 0, "x-overflow": "reject-publish"}
+    )
+    run.env["CELERY_TEST_CONF"] = json.dumps(
+        {"broker_transport_options": {}, "task_publish_retry_policy": {"max_retries": 0}}
+    )
+    try:
+        beat = run.spawn("beat")
+        wait_until(lambda: len(run.events("sent", beat.pid)) >= 3, 30, f"tries\n{run.output()}")
+        assert etcd_client.get_prefix(f"/{run.ns}/sent/") == [], "a refused publish recorded"
+        assert etcd_client.get_prefix(f"/{run.ns}/schedule/") == []
+        assert "etcdfence.celery_publish_failed" in run.output()
+        assert beat.poll() is None
+    finally:
+        _delete_exchange(run.broker, run.env["CELERY_TEST_QUEUE"])
+
+
+@pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+def test_a_beat_on_rabbitmq_with_confirms_off_does_not_start(
+    run: Run, etcd_client: ef.Client
+) -> None:
+    """``confirm_publish`` set to False on RabbitMQ: the beat refuses to start, with an
+    error naming the setting (a dropped publish would be recorded as sent)."""
+    run.env["CELERY_TEST_CONF"] = json.dumps(
+        {"broker_transport_options": {"confirm_publish": False}}
+    )
+    beat = run.spawn("beat")
+    code = beat.wait(30)
+    assert code != 0, run.output()
+    assert "confirm_publish" in run.output() and "CeleryConfigError" in run.output()
+    assert run.events("sent", beat.pid) == []
+
+
+def _delete_exchange(url: str, name: str) -> None:
+    from kombu.connection import Connection
+
+    with Connection(url, connect_timeout=5) as conn:  # type: ignore[no-untyped-call]
+        conn.default_channel.exchange_delete(name)
+
+
+# -- pruning the workers' slot keys ------------------------------------------------------
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_the_next_leader_prunes_the_old_terms_slot_keys_and_none_applies_again(
+    run: Run, etcd_client: ef.Client
+) -> None:
+    """Beat A sends slots, the worker applies them (one slot key each); A resigns and B
+    leads. B deletes the slot keys of A's slots sent longer than the resend window
+    (3 s) before it took over — no message a worker accepts can name them any more —
+    and keeps its own and the recent ones. A late copy of a pruned slot with A's token
+    (the old term's message) is refused as stale: every slot applied exactly once.
+    (Before: slot keys were never deleted, one per slot forever.)"""
+    window = 3.0
+    run.env["CELERY_TEST_CONF"] = json.dumps(
+        {"etcdfence_catchup": 30, "etcdfence_resend_window": window}
+    )
+    run.spawn("worker")
+    a = run.spawn("beat")
+    wait_until(lambda: len(run.events("applied")) >= 7, 40, f"A's slots apply\n{run.output()}")
+    b, took_over = _hand_over(run, etcd_client, a)
+    last_sent = {e["slot"]: e["time"] for e in run.events("sent", a.pid)}
+    old = {slot for slot, at in last_sent.items() if at < took_over - window - 1.0}
+    assert len(old) >= 2, last_sent
+    slots = f"/{run.ns}/slots/"
+
+    def keys() -> set[str]:
+        return {kv.key.decode()[len(slots) :] for kv in etcd_client.get_prefix(slots)}
+
+    wait_until(lambda: not old & keys(), 15, f"B prunes A's old slot keys\n{run.output()}")
+    b_token = _term_token(run, b.pid)
+    b_applied = wait_until(
+        lambda: {e["slot"] for e in run.events("applied") if e["token"] == b_token},
+        15,
+        f"B's slots apply\n{run.output()}",
+    )
+    assert b_applied <= keys(), "B pruned slot keys of its own term"
+    recent = {slot for slot, at in last_sent.items() if at > took_over - window + 1.0}
+    wait_until(
+        lambda: recent <= _slots(run, "applied"), 20, f"A's recent slots apply\n{run.output()}"
+    )
+    assert recent <= keys(), f"slot keys pruned within the resend window: {recent - keys()}"
+    a_token = run.events("sent", a.pid)[0]["token"]
+    victim = sorted(old)[0]
+    _send_by_hand(run, a_token, victim)  # the old term's late copy of a pruned slot
+    wait_until(
+        lambda: [e for e in run.events("refused") if e["slot"] == victim],
+        20,
+        f"the late copy is refused\n{run.output()}",
+    )
+    assert [e["reason"] for e in run.events("refused") if e["slot"] == victim] == ["stale"]
+    per_slot = collections.Counter(slot for _, slot, _ in run.effects(etcd_client))
+    assert per_slot[victim] == 1 and max(per_slot.values()) == 1, per_slot
+
+
+def _send_by_hand(run: Run, token: str, slot: str) -> None:
+    from celery import Celery
+
+    app = Celery("etcdfence_test", broker=run.broker)
+    try:
+        app.send_task(
+            "_celery_app.tick",
+            queue=run.env["CELERY_TEST_QUEUE"],
+            headers={"fencing-token": token, "etcdfence-slot": slot},
+        )
+    finally:
+        app.close()

@@ -443,3 +443,52 @@ def test_a_worker_with_bad_settings_refuses_to_start(tmp_path: Path) -> None:
     assert done.returncode != 0, done.stdout + done.stderr
     assert "the worker does not start: etcdfence_ttl must be a whole number" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+# -- pruning the slot keys: the rule, and no zombie prunes ---------------------------------
+
+
+@pytest.mark.integration
+def test_slot_keys_are_pruned_by_the_rule_and_never_by_a_zombie(
+    fenced_app: Celery,
+    etcd_client: ef.Client,
+    etcd_namespace: str,
+    term: Callable[[], ef.FencingToken],
+) -> None:
+    """A term prunes a slot key only when the slot is at or before the recorded slot,
+    not resent by the term, has no SENT record left and was applied by an older term;
+    the deletes go through the state fence, so a term a newer one fenced off (a zombie
+    beat) prunes nothing (StaleTokenError)."""
+    from etcdfence.celery._prune import SlotPruner
+
+    s = Settings.from_app(fenced_app)
+    older, zombie, current = term(), term(), term()
+    recorded = at("2025-01-01T00:00:10Z")
+    etcd_client.put(s.state_key("tick"), json.dumps({"slot": utc_text(recorded), "token": 1}))
+
+    def slot(second: int, token: int) -> str:
+        sid = slot_id("tick", at(f"2025-01-01T00:00:{second:02d}Z"))
+        etcd_client.put(s.slot_key(sid), json.dumps({"token": token}))
+        return sid
+
+    prunable = slot(1, older.value)
+    later = slot(11, older.value)  # after the recorded slot: may be sent again
+    own = slot(2, current.value)  # applied by the term itself
+    resent = slot(3, older.value)  # the term resends it
+    in_window = slot(4, older.value)  # its SENT record is still there
+    sent = {s.sent_key("tick", in_window): 0.0}
+    state = etcd_client.fence(s.state_resource, lock=s.election)
+    state.advance(current)  # the current term took office: `zombie` is fenced off
+
+    def keys() -> set[str]:
+        head = f"{s.prefix}slots/"
+        return {kv.key.decode()[len(head) :] for kv in etcd_client.get_prefix(head)}
+
+    everything = keys()
+    with pytest.raises(ef.StaleTokenError):
+        SlotPruner.read(etcd_client, s, zombie, frozenset(), {}).step(state)
+    assert keys() == everything, "a zombie pruned"
+    pruner = SlotPruner.read(etcd_client, s, current, frozenset({resent}), sent)
+    assert pruner.step(state) == 1
+    assert keys() == everything - {prunable}
+    assert {later, own, resent, in_window} <= keys()

@@ -26,9 +26,15 @@ A term, from election to loss:
    each later record. State written before SENT records existed has none: nothing to
    resend then. Each entry resumes with the slot after the last recorded one
    (bounded catch-up: at most ``etcdfence_catchup`` missed slots per entry are sent,
-   the older ones are skipped with the warning ``etcdfence.celery_slots_skipped``);
+   the older ones are skipped with the warning ``etcdfence.celery_slots_skipped``).
+   With the default etcd fence the term also prunes the workers' slot keys of slots
+   no accepted message can name any more (``_prune``: at or before the recorded slot,
+   not resent by this term, its SENT record deleted, applied by an older term), a
+   bounded page per tick, through the state fence;
 4. for every due slot: check the term still holds (the elector's belief and the
-   session's local deadline), publish with the ``fencing-token`` and
+   session's local deadline; under ``etcdfence run`` the local deadline of the
+   supervisor's lease, ``ETCDFENCE_LEASE``, renewed by one ``LeaseTimeToLive`` read
+   once past), publish with the ``fencing-token`` and
    ``etcdfence-slot`` headers, then record the slot — the entry's last slot and the
    slot's SENT record, one transaction through the state fence (publish-then-record:
    a crash in between means the next leader sends the slot again, and the workers'
@@ -50,12 +56,13 @@ from celery.beat import Scheduler
 from .. import metrics
 from .._sync.client import Client
 from .._sync.elector import LeaderElector
-from .._sync.session import Session
+from .._sync.session import Session, default_margin
 from .._wire import messages as m
 from ..errors import EtcdfenceError, InvalidTokenError, StaleTokenError, UnavailableError
 from ..fence.ops import Delete, Op, Put
 from ..token import ENV_VARS, FencingToken
-from ._config import CeleryConfigError, Settings
+from ._config import CeleryConfigError, Settings, _quote
+from ._prune import SlotPruner
 from ._slots import Clock, clock_for, parse_time, slot_id, utc_text
 from .worker import SLOT_HEADER, TOKEN_HEADER
 
@@ -76,12 +83,51 @@ class _Term:
     token: FencingToken
     session: Session | None  # None under `etcdfence run` (the supervisor bounds the term)
     state: Any  # the FenceGuard of the schedule state
+    #: under `etcdfence run`: the supervisor's lease (ETCDFENCE_LEASE), read for a local
+    #: deadline; None in elect mode (the session has one) or with no lease in the env
+    lease: _EnvLease | None = None
+    #: the workers' slot keys this term prunes (default etcd fence only)
+    pruner: SlotPruner | None = None
     next: dict[str, dt.datetime] = field(default_factory=dict)
     resend: dict[str, list[dt.datetime]] = field(default_factory=dict)
     #: the SENT records this term knows of (key -> unix send time), oldest send first:
     #: the ones older than the resend window are deleted along with later records
     sent: dict[str, float] = field(default_factory=dict)
     over: bool = False
+
+
+class _EnvLease:
+    """The local deadline of a supervised beat's term (``etcdfence run``): the lease of
+    the supervisor's leader key (``ETCDFENCE_LEASE``) cannot expire before
+    ``send time + remaining TTL`` of a ``LeaseTimeToLive`` read, so until then this beat
+    still leads without asking; past it, one read renews it — or finds the lease gone
+    (``-1``: the term is over for good) or etcd unreachable (not leading, for now). The
+    supervisor's reaper kills the beat by its own deadline; this check covers a beat
+    that runs on while its supervisor and reaper are frozen or slow (a paused host
+    resuming), so it never publishes past the term."""
+
+    def __init__(self, client: Client, lease_id: int, timeout: float) -> None:
+        self.client, self.lease_id, self.timeout = client, lease_id, timeout
+        self.deadline = 0.0
+        self.gone = False
+
+    def alive(self) -> bool:
+        if self.gone:
+            return False
+        if time.monotonic() < self.deadline:
+            return True
+        sent = time.monotonic()
+        try:
+            ttl = self.client.lease_time_to_live(self.lease_id, timeout=self.timeout)
+        except EtcdfenceError as err:
+            log.warning("etcdfence.celery_lease_unknown", lease=self.lease_id, error=str(err))
+            return False
+        if ttl < 0:
+            self.gone = True
+            log.warning("etcdfence.celery_lease_gone", lease=self.lease_id)
+            return False
+        self.deadline = sent + ttl - default_margin(max(1, ttl))
+        return time.monotonic() < self.deadline
 
 
 class ElectorDiedError(RuntimeError):
@@ -101,6 +147,7 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.settings = Settings.from_app(app)  # before Scheduler.__init__ sets up
+        _require_confirms(app)  # before the beat's broker connection is made
         self._term: _Term | None = None
         self._client: Client | None = None
         self._elector: LeaderElector | None = None
@@ -118,7 +165,10 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         self._client = _connect(self.settings)
         if self._mode() == "env":
             token = _env_token(self.settings)
-            self._term = self._begin(token, None)
+            term = self._begin(token, None)
+            if token.lease_id is not None:
+                term.lease = _EnvLease(self._client, token.lease_id, self.settings.timeout)
+            self._term = term
             return
         self._elector = LeaderElector(
             self._client,
@@ -220,9 +270,10 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         term = _Term(token, session, state)
         records = _read_sent(client, s)
         horizon = time.time() - s.resend_window
-        _prune(state, token, [r.key for r in records if r.sent < horizon])
+        left = _prune(state, token, [r.key for r in records if r.sent < horizon])
         recent = sorted((r for r in records if r.sent >= horizon), key=lambda r: r.sent)
-        term.sent = {r.key: r.sent for r in recent}
+        kept = sorted((r for r in records if r.key in left), key=lambda r: r.sent)
+        term.sent = {r.key: r.sent for r in [*kept, *recent]}  # what is in etcd, oldest first
         now = dt.datetime.now(_UTC)
         for name, clock in self._clocks.items():
             recorded = _recorded_slot(client, s.state_key(name), name)
@@ -233,6 +284,11 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
             mine = s.sent_prefix(name)
             slots = sorted({r.at for r in recent if r.key.startswith(mine)})
             term.resend[name] = _unapplied(client, s, name, slots)
+        if s.slots_visible:
+            resent = frozenset(
+                _quote(slot_id(name, at)) for name, ats in term.resend.items() for at in ats
+            )
+            term.pruner = SlotPruner.read(client, s, token, resent, term.sent)
         log.info(
             "etcdfence.celery_term_started",
             election=s.election,
@@ -250,8 +306,12 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         beat that was frozen past its deadline sends nothing when it resumes."""
         if term.over or self._term is not term:
             return False
-        if term.session is None:  # under `etcdfence run`: the supervisor ends us
-            return True
+        if term.session is None:  # under `etcdfence run`: the supervisor's lease
+            if term.lease is None or term.lease.alive():
+                return True
+            if term.lease.gone:  # for good: the supervisor stops this beat
+                self._drop_term(term)
+            return False
         elector = self._elector
         if elector is None or not elector.is_leader():
             return False
@@ -272,7 +332,24 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
             if due is None:
                 return self.idle_interval
             wait = min(wait, (due - now).total_seconds())
+        pruner = term.pruner
+        if pruner is not None:
+            self._prune_slots(term, pruner)
+            wait = min(wait, pruner.next_step - time.monotonic())
         return max(0.0, wait)
+
+    def _prune_slots(self, term: _Term, pruner: SlotPruner) -> None:
+        """One bounded step of pruning the workers' slot keys (``_prune``), when due."""
+        if not pruner.due() or not self._leading(term):
+            return
+        try:
+            pruner.step(term.state)
+        except StaleTokenError as err:  # a newer term fenced the state: we are a zombie
+            log.warning("etcdfence.celery_term_fenced_off", error=str(err))
+            self._drop_term(term)
+        except EtcdfenceError as err:  # tried again later
+            log.warning("etcdfence.celery_slot_prune_failed", error=str(err))
+            pruner.next_step = time.monotonic() + 5.0
 
     def _send_due(self, term: _Term, name: str, entry: Any, now: dt.datetime) -> dt.datetime | None:
         """Send ``name``'s due slots; return its next slot, ``None`` when the term ended."""
@@ -374,6 +451,37 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         return True
 
 
+def _require_confirms(app: Any) -> None:
+    """On RabbitMQ (an ``amqp`` transport) the beat publishes with publisher confirms:
+    a slot is recorded as sent only once the broker took it, so a publish the broker
+    dropped or refused (a full queue with ``reject-publish``, a node going down) raises,
+    is logged (``etcdfence.celery_publish_failed``) and is tried again on the next tick
+    instead of being recorded as sent and lost. ``confirm_publish`` unset is turned on;
+    set to anything but True it is a :class:`CeleryConfigError`. (Redis: a publish is
+    a command whose reply is the confirmation; nothing to set.)"""
+    connection = app.connection_for_write()  # not connected: only its transport is read
+    try:
+        driver = connection.transport.driver_type
+    finally:
+        connection.release()
+    if driver != "amqp":
+        return
+    options = dict(app.conf.broker_transport_options or {})
+    confirm = options.get("confirm_publish")
+    if confirm is True:
+        return
+    if confirm is not None:
+        raise CeleryConfigError(
+            f"broker_transport_options['confirm_publish'] is {confirm!r}: on RabbitMQ the "
+            "etcdfence beat needs publisher confirms — without them a publish the broker "
+            "dropped would be recorded as sent and the slot never sent again; remove the "
+            "setting (the beat turns confirms on) or set it to True"
+        )
+    options["confirm_publish"] = True
+    app.conf.broker_transport_options = options
+    log.info("etcdfence.celery_confirm_publish", confirm_publish=True)
+
+
 def _connect(settings: Settings) -> Client:
     """An etcd client, checked reachable now: an unreachable etcd at start-up is a clear
     error, not a beat that silently never leads."""
@@ -447,9 +555,10 @@ def _read_sent(client: Client, s: Settings) -> list[_Sent]:
     return records
 
 
-def _prune(state: Any, token: FencingToken, keys: list[str]) -> None:
-    """Delete the SENT records ``keys`` (older than the window) through the state fence.
-    A failure other than a newer term's fence is only logged: they are tried again."""
+def _prune(state: Any, token: FencingToken, keys: list[str]) -> set[str]:
+    """Delete the SENT records ``keys`` (older than the window) through the state fence;
+    return the ones left (a failure other than a newer term's fence is only logged: the
+    term deletes them later, with its records)."""
     for i in range(0, len(keys), _PRUNE_BATCH):
         try:
             state.txn(token, [Delete(k) for k in keys[i : i + _PRUNE_BATCH]])
@@ -457,7 +566,8 @@ def _prune(state: Any, token: FencingToken, keys: list[str]) -> None:
             raise
         except EtcdfenceError as err:
             log.warning("etcdfence.celery_prune_failed", keys=len(keys), error=str(err))
-            return
+            return set(keys[i:])
+    return set()
 
 
 def _expired(sent: dict[str, float], horizon: float, keep: str) -> list[str]:
