@@ -21,6 +21,7 @@ from conftest import clean_env
 import etcdfence as ef
 from etcdfence import cli
 from etcdfence.cli._process import STOP_EXTRA
+from etcdfence.testing import FaultProxy
 from etcdfence.testing.procs import stop, wait_until
 
 PYTHON = sys.executable
@@ -433,3 +434,141 @@ def test_lock_releases_nothing_while_a_stuck_process_is_not_proven_dead(
             assert took <= grace + STOP_EXTRA + 0.5, f"the stop took {took:.2f}s"
     finally:
         thaw_and_end(log, [proc])
+
+
+def reaper_of(pid: int) -> int:
+    """The parent of ``pid`` (the command's reaper, for the command itself)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(") ", 1)[1].split()[1])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not freezer_writable(), reason="needs root and a cgroup-v1 freezer")
+def test_lock_with_a_reaper_stuck_in_the_kernel_ends_its_stop_within_the_budget(
+    etcd_endpoints: list[str], etcd_namespace: str, etcd_client: ef.Client, tmp_path: Path
+) -> None:
+    """The command's reaper is frozen (SIGKILL cannot end it, so nothing of the tree can
+    be proven dead). SIGTERM: lock must still exit 1 within --grace + STOP_EXTRA with the
+    line that nothing was released, and leave the key to the lease. (Before the fix lock
+    waited on the frozen reaper forever, renewing the lease all the while: 4 of 4.)"""
+    grace = 1.0
+    name = f"{etcd_namespace}/stuckreaper"
+    log, err = tmp_path / "beats.log", tmp_path / "a.err"
+    group = _freezer_group(log)
+    proc = lock_hostile(name, grace, log, "child", etcd_endpoints[0], err)
+    try:
+        wait_until(lambda: {"main", "child"} <= set(tags(log).values()), 20, "both beat")
+        main = next(pid for pid, tag in tags(log).items() if tag == "main")
+        group.mkdir()
+        (group / "tasks").write_text(str(reaper_of(main)))
+        (group / "freezer.state").write_text("FROZEN")
+        wait_until(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 5, "frozen")
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(grace + STOP_EXTRA + 10)
+        except subprocess.TimeoutExpired:
+            code = None
+        took = time.monotonic() - sent
+        lines = err.read_text()
+        assert code == 1, (code, lines)
+        assert "could not be proven dead" in lines and "not releasing" in lines, lines
+        assert took <= grace + STOP_EXTRA + 0.5, f"the stop took {took:.2f}s"
+        assert len(etcd_client.get_prefix(name + "/")) == 1, "nothing may be released"
+    finally:
+        thaw_and_end(log, [proc])
+
+
+@pytest.mark.timeout(60)
+def test_lock_sigterm_while_acquiring_through_a_partition_ends_within_the_budget(
+    etcd_endpoints: list[str], etcd_namespace: str, etcd_client: ef.Client, tmp_path: Path
+) -> None:
+    """A waiting ``lock`` is cut off from etcd (a blackhole) and gets SIGTERM: its key's
+    withdrawal and the lease revoke cannot be confirmed, and it must exit within --grace +
+    STOP_EXTRA of the signal anyway, 143. (Before the fix: 15 s, three 5 s timeouts.)"""
+    grace = 1.0
+    name = f"{etcd_namespace}/acquiring"
+    holder = etcd_client.session(ttl=30)
+    held = holder.lock(name)
+    held.acquire()
+    with FaultProxy(etcd_endpoints[0]) as proxy:
+        err = tmp_path / "w.err"
+        waiter = subprocess.Popen(
+            [PYTHON, "-m", "etcdfence", "lock", "--grace", str(grace), name, "--", "true"],
+            env=clean_env(ETCDFENCE_ENDPOINTS=proxy.endpoint),
+            stdout=subprocess.DEVNULL, stderr=err.open("w"), stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            wait_until(lambda: len(etcd_client.get_prefix(name + "/")) == 2, 20, "waiter queued")
+            proxy.blackhole()
+            time.sleep(0.3)
+            sent = time.monotonic()
+            waiter.send_signal(signal.SIGTERM)
+            code = waiter.wait(grace + STOP_EXTRA + 15)
+            took = time.monotonic() - sent
+            assert code == 128 + signal.SIGTERM, (code, err.read_text())
+            assert took <= grace + STOP_EXTRA + 0.5, f"took {took:.2f}s: {err.read_text()}"
+        finally:
+            stop(waiter, signal.SIGKILL)
+            held.release()
+            holder.close()
+
+
+@pytest.mark.timeout(60)
+def test_lock_sigterm_during_the_release_after_the_command_exited_ends_within_the_budget(
+    etcd_endpoints: list[str], etcd_namespace: str, tmp_path: Path
+) -> None:
+    """The command exits on its own while etcd is cut off, so the release hangs on its
+    timeouts; a SIGTERM then starts the stop budget: lock exits within --grace +
+    STOP_EXTRA of it with the command's status. (Before the fix: 9 s after it.)"""
+    grace = 1.0
+    name = f"{etcd_namespace}/releasing"
+    with FaultProxy(etcd_endpoints[0]) as proxy:
+        err = tmp_path / "a.err"
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "etcdfence", "lock", "--grace", str(grace), name, "--",
+             "sh", "-c", "echo up; read _; exit 3"],
+            env=clean_env(ETCDFENCE_ENDPOINTS=proxy.endpoint), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=err.open("w"), text=True,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline().strip() == "up"
+            proxy.blackhole()
+            proc.stdin.close()  # the command exits 3; the release meets the blackhole
+            time.sleep(1.0)
+            assert proc.poll() is None, "the release should still wait on etcd"
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(grace + STOP_EXTRA + 15)
+            took = time.monotonic() - sent
+            assert code == 3, (code, err.read_text())
+            assert took <= grace + STOP_EXTRA + 0.5, f"took {took:.2f}s: {err.read_text()}"
+        finally:
+            stop(proc, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
+def test_lock_keeps_the_command_status_when_sigterm_comes_as_it_exits(
+    etcd_endpoints: list[str], etcd_namespace: str, tmp_path: Path
+) -> None:
+    """A SIGTERM that reaches lock as its command exits on its own (jittered around the
+    exit) never kills lock itself: it exits with the command's status or 143, never
+    -15. (Before the fix the interpreter's finalization gave SIGTERM its default
+    action back before the process ended: 3 of 15 died of it.)"""
+    codes = []
+    for i in range(20):
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "etcdfence", "lock", f"{etcd_namespace}/exit{i}", "--",
+             "sh", "-c", "echo up; sleep 0.3; exit 3"],
+            env=clean_env(ETCDFENCE_ENDPOINTS=etcd_endpoints[0]), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+            time.sleep(0.3 + (i % 7 - 3) * 0.01)
+            proc.send_signal(signal.SIGTERM)
+            codes.append(proc.wait(15))
+        finally:
+            stop(proc, signal.SIGKILL)
+    assert set(codes) <= {3, 128 + signal.SIGTERM}, codes

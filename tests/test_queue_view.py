@@ -53,6 +53,8 @@ async def test_a_crowd_acquires_in_queue_order_one_at_a_time_through_one_view(
     try:
         first = await api(holder.lock(name).acquire)
         tasks = await _enqueue_crowd(api, name, sessions)
+        # a waiter joins the view once its enqueue's reply is in: its key may show first
+        await poll(lambda: len(client.connection.queues) >= 1, 10, "the crowd's view")
         assert len(client.connection.queues) == 1, "one view for the whole crowd"
         # the classic first waiter watches the key ahead; the crowd adds one prefix watch
         assert len(client.connection.watches) <= 2

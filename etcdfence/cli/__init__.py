@@ -189,6 +189,9 @@ def _refuse_command_without_dashes(
 
 #: Commands that take over the signals recorded at start-up (see ``_early_signals``).
 _EARLY_SIGNAL_COMMANDS = frozenset({"run", "lock"})
+#: Set once a supervising command (run, lock) ran: the script should then leave without
+#: the interpreter's finalization (see ``etcdfence.__main__``).
+supervised: list[bool] = [False]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,6 +212,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command_name not in _EARLY_SIGNAL_COMMANDS:
         _early_signals.release()  # run and lock replay them into their own handlers
+    else:
+        supervised[0] = True
     verbosity = args.verbose or 0
     if verbosity == 0 and args.command_name in _ONE_SHOT_COMMANDS:
         verbosity = -1  # errors only; -v: warnings and info; -vv: debug

@@ -7,6 +7,8 @@ error to its code; :class:`CommandError` is how a command fails with a message o
 
 from __future__ import annotations
 
+import time
+
 from ..errors import (
     AcquireTimeoutError,
     AuthError,
@@ -90,3 +92,5 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+        #: When it arrived (``time.monotonic()``): a stop budget counts from then.
+        self.at = time.monotonic()

@@ -155,10 +155,11 @@ class StopBudget:
         self.total = grace + STOP_EXTRA
         self.started: float | None = None
 
-    def start(self) -> None:
-        """The supervisor decided to stop (only the first call counts)."""
+    def start(self, at: float | None = None) -> None:
+        """The supervisor decided to stop (only the first call counts), now or ``at``
+        (a ``time.monotonic()`` time, e.g. when the stop signal arrived)."""
         if self.started is None:
-            self.started = time.monotonic()
+            self.started = time.monotonic() if at is None else at
 
     def reset(self) -> None:
         """The stop of a term is over and the supervisor goes on (it campaigns again)."""
@@ -442,7 +443,10 @@ class Child:
                 self._reaper_killed = True
                 with contextlib.suppress(OSError):
                     self.reaper.kill()
-                self.reaper.wait()  # SIGKILL works on a stopped process too
+                # SIGKILL works on a stopped process, not on one stuck in the kernel (a
+                # frozen cgroup): give up at the bound; the tree then stays unproven.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.reaper.wait(max(0.2, end - time.monotonic()))
                 return
             time.sleep(0.01)
 
@@ -470,7 +474,8 @@ class Child:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
             if not orphans and (self.cgroup is None or not self.cgroup.populated()):
-                self.contained = True
+                # an unreaped reaper (stuck in the kernel) proves nothing of its children
+                self.contained = self.reaper.returncode is not None
                 break
             time.sleep(0.002)
         else:
@@ -552,7 +557,10 @@ class Child:
         self._sweep()
         status = self.poll()
         self.close()
-        return status if status is not None else exit_status(self.reaper.returncode)
+        if status is not None:
+            return status
+        reaper = self.reaper.returncode  # None: a reaper stuck in the kernel was never reaped
+        return exit_status(-signal.SIGKILL if reaper is None else reaper)
 
     def finish(
         self,

@@ -22,7 +22,8 @@ from .. import _early_signals
 from ..errors import EtcdfenceError
 from ..token import FencingToken
 from . import _options as opt
-from ._exits import EXIT_ERROR, EXIT_LOST, EXIT_OK
+from . import _output
+from ._exits import EXIT_ERROR, EXIT_LOST, EXIT_OK, Interrupted
 from ._notify import Notifier, child_env
 from ._output import add_write_out, error, print_held, say, signame, warn
 from ._process import (
@@ -108,13 +109,13 @@ _STOPPING = (signal.SIGTERM, signal.SIGINT)
 
 def run(args: argparse.Namespace) -> int:
     """``etcdfence lock NAME [-- CMD ...]``."""
-    budget = StopBudget(args.grace)
     with Signals(raising=True) as signals, Notifier.from_env() as notifier:
         client = opt.make_client(args)
+        leaving = _Leaving(StopBudget(args.grace), signals)
         try:
-            return _locked(args, client, signals, notifier, budget)
+            return _locked(args, client, signals, notifier, leaving)
         finally:
-            _within(client.close, budget)
+            leaving.close(client)
 
 
 def _locked(
@@ -122,7 +123,7 @@ def _locked(
     client: Any,
     signals: Signals,
     notifier: Notifier,
-    budget: StopBudget,
+    leaving: _Leaving,
 ) -> int:
     """Acquire, then run the command (or hold) under the lock; release within the budget,
     and only once the command and all it started are proven dead."""
@@ -147,12 +148,16 @@ def _locked(
         lock.watch_key(on_taken=on_expired)
         if not args.command:
             print_held(args.write_out, token, name=args.name)
-            return _hold(args.name, signals, lost, lock, budget)
-        status = _run_locked(args, token, signals, lost, lock, budget, proven)
+            return _hold(args.name, signals, lost, lock, leaving)
+        status = _run_locked(args, token, signals, lost, lock, leaving, proven)
         return status if proven[0] else _unproven(args.grace)
+    except Interrupted as exc:
+        if exc.signum in _STOPPING:
+            leaving.stop(exc.at)  # a stop signal while acquiring: the budget counts from it
+        raise
     finally:
         signals.raising = False
-        _within(lambda: _release(lock, session, release=proven[0]), budget)
+        leaving.release(lambda: _release(lock, session, release=proven[0]))
 
 
 def _unproven(grace: float) -> int:
@@ -165,19 +170,55 @@ def _unproven(grace: float) -> int:
     return EXIT_ERROR
 
 
-def _within(step: Callable[[], None], budget: StopBudget) -> None:
-    """Run a leaving step (release, close) to its end, or, once a stop signal started
-    the budget, for what is left of it: the command is proven gone by then, so a step
-    cut short only leaves the lock to its lease's expiry."""
-    if budget.started is None:
-        step()
-        return
-    worker = threading.Thread(target=step, name="etcdfence-release", daemon=True)
-    worker.start()
-    worker.join(budget.exit_left(STOP_EXTRA))
-    if worker.is_alive():
-        warn("etcd did not confirm the release within the stop budget; "
-             "the lock frees when its lease expires")  # fmt: skip
+class _Leaving:
+    """The stop budget of one ``lock`` and its leaving steps (release, close).
+
+    The budget starts at the first SIGTERM/SIGINT — while acquiring, while the command
+    runs, or during the release itself — and bounds every later step: the command gets
+    SIGKILL --grace after it, and the release and the client's close take what is left
+    of --grace + 4 s. A step cut short only leaves the lock to its lease's expiry: the
+    command is proven gone before anything is released (or nothing is released)."""
+
+    def __init__(self, budget: StopBudget, signals: Signals) -> None:
+        self.budget = budget
+        self.signals = signals
+        self._unfinished = False  # a release the budget cut short still runs
+
+    def stop(self, at: float | None = None) -> None:
+        """A stop signal came (now or ``at``): start the budget (the first call counts),
+        and bound the last stderr lines by it."""
+        self.budget.start(at)
+        started = self.budget.started
+        _output.exit_by[0] = None if started is None else started + self.budget.total
+
+    def _out_of_time(self) -> bool:
+        return self.budget.started is not None and self.budget.exit_left(STOP_EXTRA) <= 0
+
+    def release(self, step: Callable[[], None]) -> None:
+        """Release (``step``) in a thread; wait for it to end, or, once a stop signal
+        started the budget (before or during the wait), for what is left of it."""
+        worker = threading.Thread(target=step, name="etcdfence-release", daemon=True)
+        worker.start()
+        while worker.is_alive() and not self._out_of_time():
+            if any(signum in _STOPPING for signum in self.signals.take()):
+                self.stop()
+            worker.join(POLL)
+        if worker.is_alive():
+            self._unfinished = True
+            warn("etcd did not confirm the release within the stop budget; "
+                 "the lock frees when its lease expires")  # fmt: skip
+
+    def close(self, client: Any) -> None:
+        """Close the client, within the budget; not while a release still uses it (the
+        process exits instead, and the lease expires on the server)."""
+        if self._unfinished:
+            return
+        closer = threading.Thread(target=client.close, name="etcdfence-close", daemon=True)
+        closer.start()
+        while closer.is_alive() and not self._out_of_time():
+            if any(signum in _STOPPING for signum in self.signals.take()):
+                self.stop()
+            closer.join(POLL)
 
 
 def _release(lock: Any, session: Any, *, release: bool = True) -> None:
@@ -195,12 +236,12 @@ def _release(lock: Any, session: Any, *, release: bool = True) -> None:
         session.close()
 
 
-def _hold(name: str, signals: Signals, lost: threading.Event, lock: Any, budget: StopBudget) -> int:
+def _hold(name: str, signals: Signals, lost: threading.Event, lock: Any, leaving: _Leaving) -> int:
     """No command: hold the lock until a signal or its loss."""
     while True:
         signals.wake.clear()
         if signals.take():
-            budget.start()
+            leaving.stop()
             return EXIT_OK
         if lost.is_set() or lock.key_taken():
             error(f"lost the lock {name!r}: {_loss(lock, lost)}")
@@ -259,7 +300,7 @@ def _run_locked(
     signals: Signals,
     lost: threading.Event,
     lock: Any,
-    budget: StopBudget,
+    leaving: _Leaving,
     proven: list[bool],
 ) -> int:
     """Run the command while the lock holds; stop it in time when the lease is lost,
@@ -276,6 +317,7 @@ def _run_locked(
     )
     child_was_foreground = child.foreground  # Ctrl-C at the terminal reaches it directly
     forwarded = False  # a signal we passed on ended it: not a crash
+    budget = leaving.budget
     try:
         while True:
             signals.wake.clear()
@@ -293,9 +335,7 @@ def _run_locked(
                 forwarded = True
                 child.signal(signum)
                 if signum in _STOPPING:
-                    budget.start()
-            if _overdue(budget, args.grace):
-                return _kill_overdue(child, args.grace, deadline, lock, budget)
+                    leaving.stop()
             if taken or child.expired or lost.is_set() or must_stop(deadline, args.grace):
                 why = f"lost the lock {args.name!r} ({_loss(lock, lost)})"
                 status = stop_command(
@@ -306,9 +346,13 @@ def _run_locked(
                     what="lock key",
                     who="holder",
                     deadline=deadline,
+                    until=budget.steps_end,
                 )
-                error(f"{why} while the command ran; stopped it (status {status}); exiting 6")
+                if child.contained:  # else the line that nothing was released says the end
+                    error(f"{why} while the command ran; stopped it (status {status}); exiting 6")
                 return EXIT_LOST
+            if _overdue(budget, args.grace):  # after the loss check: a loss says exit 6
+                return _kill_overdue(child, args.grace, deadline, lock, budget)
             signals.wake.wait(POLL)
     finally:
         proven[0] = child.contained
