@@ -94,7 +94,9 @@ Add jobs only through :meth:`~LeaderScheduler.add_job` / ``scheduled_job``: a sc
 that already holds jobs is refused, and once started the wrapped scheduler's own
 ``add_job`` / ``scheduled_job`` / ``modify_job(func=...)`` raise
 :class:`~etcdfence.errors.InvalidArgumentError` (a job slipped into a job store some other
-way is removed as it is added, before it can run).
+way is removed as it is added, before it can run), and so do ``add_jobstore`` of anything
+but an empty memory store and ``add_executor`` of anything but a thread pool or an
+asyncio executor.
 """
 
 from __future__ import annotations
@@ -671,8 +673,33 @@ class _LeaderSchedulerBase(Generic[C]):
             return modify(job_id, jobstore, **changes)
 
         scheduler.add_job, scheduler.modify_job = add_job, modify_job
+        self._guard_stores_and_executors(refuse)
         scheduler.add_listener(self._drop_foreign, EVENT_JOB_ADDED | EVENT_JOB_MODIFIED)
         scheduler.__dict__[_MARK] = True
+
+    def _guard_stores_and_executors(self, refuse: Callable[[str], Exception]) -> None:
+        """From :meth:`start` on, a job store or executor added to the wrapped scheduler
+        must pass the same checks as at start: a job store must be an empty memory store
+        (one that already holds jobs, a persistent one from an earlier deploy above all,
+        would run their bare functions with no term), an executor a thread pool or an
+        asyncio one (a process pool runs the bare function). APScheduler's own start adds
+        its defaults through these too: they pass."""
+        scheduler = self._scheduler
+        add_store, add_executor = scheduler.add_jobstore, scheduler.add_executor
+
+        def add_jobstore(jobstore: Any, alias: str = "default", **options: Any) -> None:
+            if not isinstance(jobstore, MemoryJobStore) or jobstore.get_all_jobs():
+                raise refuse(f"scheduler.add_jobstore({type(jobstore).__name__}, {alias!r})")
+            add_store(jobstore, alias, **options)
+
+        def add_executor_(executor: Any, alias: str = "default", **options: Any) -> None:
+            if not isinstance(executor, (ThreadPoolExecutor, AsyncIOExecutor)):
+                raise refuse(f"scheduler.add_executor({type(executor).__name__}, {alias!r})")
+            add_executor(executor, alias, **options)
+            if getattr(scheduler, "running", False):
+                self._watch_executors()  # its runs record their slots like the others'
+
+        scheduler.add_jobstore, scheduler.add_executor = add_jobstore, add_executor_
 
     def _drop_foreign(self, event: Any) -> None:
         """The job-added/modified listener: remove a job whose function this class did

@@ -84,6 +84,7 @@ def test_settings_defaults_derive_from_the_app_name(monkeypatch: pytest.MonkeyPa
         ({"etcdfence_fencing": "no"}, "etcdfence_fencing must be True or False"),
         ({"etcdfence_advance": "no_such_module_x:f"}, "etcdfence_advance: cannot load"),
         ({"etcdfence_advance": 5}, "etcdfence_advance must be a callable"),
+        ({"etcdfence_fence_factory": "builtins:id"}, "etcdfence_fence_factory needs etcdfence_adv"),
         ({"etcdfence_ttll": 3}, r"unknown setting\(s\) etcdfence_ttll"),
     ],
 )

@@ -229,6 +229,12 @@ class Settings:
             raise CeleryConfigError(f"etcdfence_fencing must be True or False, got {fencing!r}")
         advance = conf.get("etcdfence_advance")
         factory = conf.get("etcdfence_fence_factory")
+        if factory is not None and advance is None and fencing:
+            raise CeleryConfigError(
+                "etcdfence_fence_factory needs etcdfence_advance: the beat must advance the "
+                "workers' mark in that store before its first publish, or a zombie beat's "
+                "tasks and late copies of old slots would be accepted"
+            )
         return cls(
             endpoints=_endpoints(conf),
             election=_name(conf, "etcdfence_election", f"celery/{main}/beat"),

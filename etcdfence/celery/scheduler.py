@@ -263,10 +263,10 @@ class LeaderScheduler(Scheduler):  # type: ignore[misc]
         state = client.fence(s.state_resource, lock=s.election)
         state.advance(token)  # no zombie records a slot from here on
         if s.fencing:  # (False: the unsafe control of the tests, no workers' mark)
-            if s.advance is not None:
-                s.advance(token)
-            else:
+            if s.fence_factory is None:  # the workers' fence is ours: advance it ourselves
                 client.fence(s.resource, lock=s.election).advance(token)
+            if s.advance is not None:  # their own store's mark (or an extra step)
+                s.advance(token)
         term = _Term(token, session, state)
         records = _read_sent(client, s)
         horizon = time.time() - s.resend_window
