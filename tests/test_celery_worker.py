@@ -493,3 +493,39 @@ def test_slot_keys_are_pruned_by_the_rule_and_never_by_a_zombie(
     assert pruner.step(state) == 1
     assert keys() == everything - {prunable}
     assert {later, own, resent, in_window} <= keys()
+
+
+@pytest.mark.integration
+def test_an_apply_whose_lost_attempt_landed_is_found_not_refused(
+    etcd_endpoints: list[str], etcd_namespace: str
+) -> None:
+    """The other outcome of the lost answer above, made certain: the lost attempt *did*
+    land (its slot key holds this delivery's value). The retry must find it (return 0,
+    the task succeeds) instead of refusing its own slot as a duplicate. (Before the fix
+    the check compared the key's ``str`` value with ``bytes``, so it never matched.)"""
+    ns = etcd_namespace
+    app = Celery("lost_landed_test")
+    app.conf.update(
+        etcdfence_endpoints=etcd_endpoints,
+        etcdfence_election=f"{ns}/beat",
+        etcdfence_resource=f"{ns}/workers",
+        etcdfence_prefix=f"/{ns}/",
+    )
+    results: list[int] = []
+
+    @fenced_task(app, name=f"{ns}.landed")
+    def effect(fenced: Fenced) -> None:
+        key = f"/{ns}/effects/{fenced.slot}"
+        results.append(fenced.put(key, "{}"))  # lands, answer "lost" below
+        fenced._slot_state = "unknown"  # what OutcomeUnknownError leaves behind
+        results.append(fenced.put(key, "{}"))
+
+    slot = "tick@2025-01-01T00:00:00Z"
+    with ef.Client(etcd_endpoints, timeout=5.0) as client:
+        try:
+            outcome = effect.apply(headers=_headers(_campaign(client, f"{ns}/beat"), slot))
+        finally:
+            client.delete(f"/{ns}/", prefix=True)
+            client.delete(f"/etcdfence/fence/{ns}/", prefix=True)
+    assert outcome.state == "SUCCESS", outcome.result
+    assert results[0] > 0 and results[1] == 0, results

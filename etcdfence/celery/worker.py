@@ -144,7 +144,7 @@ class Fenced:
                 self._slot_state, self._fenced_off = "unknown", err.fenced_off
             raise
         except KeyExistsError as err:
-            if create and self._slot_state == "unknown" and err.value == self._delivery().encode():
+            if create and self._slot_state == "unknown" and _text(err.value) == self._delivery():
                 self._slot_state = "used"  # our own lost attempt applied, all its ops
                 metrics.log.info("etcdfence.task_lost_apply_found", task=self.task, slot=self.slot)
                 return 0
@@ -202,6 +202,12 @@ def _refused_duplicate(task: str, slot: str | None, token: FencingToken) -> Task
 
 _fences: dict[tuple[int, int], Any] = {}
 _fences_lock = threading.Lock()
+
+
+def _text(value: str | bytes | None) -> str | None:
+    """A :class:`KeyExistsError` value as text (a fence returns it in the Create's type:
+    ``str`` from the etcd fence here, ``bytes`` from a store that keeps only bytes)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _default_fence(app: Any, settings: Settings) -> Any:
