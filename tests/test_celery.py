@@ -238,6 +238,7 @@ def failover_seconds(run: Run, lost_at: float, new_pid: int) -> float:
 # ---------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # the standby sends within TTL + 2 s
 @pytest.mark.parametrize("fencing", [True, False], ids=["fenced", "control"])
 def test_a_beat_frozen_holding_a_message_past_its_ttl(
     run: Run, etcd_client: ef.Client, fencing: bool
@@ -275,6 +276,7 @@ def test_a_beat_frozen_holding_a_message_past_its_ttl(
         assert counts["duplicates"] >= 1, f"the control saw no violation: {counts}"
 
 
+@pytest.mark.serial  # the standby sends within TTL + 2 s
 @pytest.mark.parametrize("fencing", [True, False], ids=["fenced", "control"])
 def test_a_beat_killed_between_publish_and_record(
     run: Run, etcd_client: ef.Client, fencing: bool

@@ -231,6 +231,7 @@ def freezer_writable() -> bool:
     return os.geteuid() == 0 and (FREEZER / "tasks").exists() and os.access(FREEZER, os.W_OK)
 
 
+@pytest.mark.serial  # the stop ends within budget + 0.5 s
 @pytest.mark.timeout(90)
 @pytest.mark.skipif(not freezer_writable(), reason="needs root and a cgroup-v1 freezer")
 @pytest.mark.parametrize("how", ["sigterm", "command-exits", "key-deleted"])
