@@ -30,9 +30,12 @@ demo: run
 JOBS     ?= 3
 SERIAL   := serial or chaos
 PARALLEL := $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadgroup)
+## Both passes always run (a red parallel pass still shows the serial one); red if either is.
 test: install
-	$(BIN)/python -m pytest -q $(PARALLEL) -m "not ($(SERIAL))" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -q -m "$(SERIAL)" $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -q $(PARALLEL) -m "not ($(SERIAL))" $(PYTEST_ARGS); first=$$?; \
+	$(BIN)/python -m pytest -q -m "$(SERIAL)" $(PYTEST_ARGS); second=$$?; \
+	echo "make test: parallel pass exit $$first, serial pass exit $$second"; \
+	[ $$first -eq 0 ] && [ $$second -eq 0 ]
 
 ## The server-free tests (pure logic, the twin, the history checker, wire layer): seconds.
 test-unit: install
