@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run demo test test-unit test-integration test-etcd34 test-docker test-protobuf5 test-tooz lint sync bench chaos clean
+.PHONY: install run demo test test-unit test-integration test-etcd34 test-docker docker-passes test-protobuf5 test-tooz lint sync bench chaos clean
 
 install: $(STAMP)
 
@@ -20,9 +20,22 @@ run: install
 
 demo: run
 
-## The whole suite (unit + integration against real etcd processes).
+## The whole suite (unit + integration against real etcd processes), in two passes:
+## JOBS pytest-xdist workers (each with its own session etcd and 3-member cluster on free
+## ports; --dist loadgroup keeps an xdist_group on one worker), then, alone on the machine,
+## the tests marked `serial` (a wall-clock product deadline or a CPU cost that a loaded
+## machine breaks, or a server-wide fault on a shared server) and the chaos scenarios.
+## The suite waits on TTLs, sleeps and processes more than it computes: 3 workers on 2 cores.
+## `make test JOBS=0`: one process, as before. PYTEST_ARGS: extra arguments for both passes.
+JOBS     ?= 3
+SERIAL   := serial or chaos
+PARALLEL := $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadgroup)
+## Both passes always run (a red parallel pass still shows the serial one); red if either is.
 test: install
-	$(BIN)/python -m pytest -q
+	@$(BIN)/python -m pytest -q $(PARALLEL) -m "not ($(SERIAL))" $(PYTEST_ARGS); first=$$?; \
+	$(BIN)/python -m pytest -q -m "$(SERIAL)" $(PYTEST_ARGS); second=$$?; \
+	echo "make test: parallel pass exit $$first, serial pass exit $$second"; \
+	[ $$first -eq 0 ] && [ $$second -eq 0 ]
 
 ## The server-free tests (pure logic, the twin, the history checker, wire layer): seconds.
 test-unit: install
@@ -50,9 +63,13 @@ ABOVE_LIBRARY := --ignore=tests/test_packaging.py --ignore=tests/test_cli.py \
 ## twin only: the sync twin is generated from it (lint checks it is current) and `make test`
 ## runs both on etcd 3.5; another server version or topology changes no twin.
 ONE_TWIN := ETCDFENCE_TEST_TWINS=async
+## Both take the two passes of `make test` (parallel, then the `serial` tests alone).
+LIBRARY := (integration or cluster) and not chaos
 test-etcd34: install
-	$(ONE_TWIN) ETCDFENCE_ETCD_BIN=/usr/bin/etcd $(BIN)/python -m pytest -q -m "(integration or cluster) and not chaos" \
-		$(ABOVE_LIBRARY)
+	$(ONE_TWIN) ETCDFENCE_ETCD_BIN=/usr/bin/etcd $(BIN)/python -m pytest -q $(PARALLEL) \
+		-m "$(LIBRARY) and not serial" $(ABOVE_LIBRARY) $(PYTEST_ARGS)
+	$(ONE_TWIN) ETCDFENCE_ETCD_BIN=/usr/bin/etcd $(BIN)/python -m pytest -q \
+		-m "$(LIBRARY) and serial" $(ABOVE_LIBRARY) $(PYTEST_ARGS)
 
 ## The integration suite against a 3-member etcd cluster in Docker (compose/, pytest-docker).
 ## tools/docker_etcd.sh installs/starts the engine when needed (stops it again if it started
@@ -60,12 +77,21 @@ test-etcd34: install
 ## test_testing_support.py tests the local-process helpers and stays in `make test`.
 ## The resumed-view crowd test replays a 3,000-key backlog through a fault proxy: on the
 ## fsync'd containers it outruns its 120 s timeout; it runs in `make test` and on etcd 3.4.
-DOCKER_TESTS ?= -m "(integration or cluster or docker) and not chaos" --ignore=tests/test_testing_support.py \
+## Each xdist worker starts a compose project of its own (its own 3 containers on free
+## ports): tests kill and pause members of the cluster they test against.
+DOCKER_TESTS ?= --ignore=tests/test_testing_support.py \
 	--deselect "tests/test_crowd_safety.py::test_a_resumed_view_never_judges_a_waiter_first_behind_an_older_key" \
 	$(ABOVE_LIBRARY)
+DOCKER_MARKS := (integration or cluster or docker) and not chaos
 test-docker: install
-	PYTHON=$(BIN)/python tools/docker_etcd.sh run \
-	  env $(ONE_TWIN) ETCDFENCE_TEST_DOCKER=1 $(BIN)/python -m pytest -q $(DOCKER_TESTS)
+	PYTHON=$(BIN)/python tools/docker_etcd.sh run $(MAKE) --no-print-directory docker-passes
+
+# (the two passes of test-docker, inside tools/docker_etcd.sh run)
+docker-passes:
+	$(ONE_TWIN) ETCDFENCE_TEST_DOCKER=1 $(BIN)/python -m pytest -q $(PARALLEL) \
+		-m "$(DOCKER_MARKS) and not serial" $(DOCKER_TESTS) $(PYTEST_ARGS)
+	$(ONE_TWIN) ETCDFENCE_TEST_DOCKER=1 $(BIN)/python -m pytest -q \
+		-m "$(DOCKER_MARKS) and serial" $(DOCKER_TESTS) $(PYTEST_ARGS)
 
 ## The wire layer and client under the oldest supported protobuf major (5.27).
 test-protobuf5: install

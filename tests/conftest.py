@@ -14,6 +14,20 @@ import pytest
 import etcdfence as ef
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``--dist loadgroup``), the tests of a module that
+    share a module-scoped fixture (a TLS etcd, a built wheel, a Redis of its own) form one
+    ``xdist_group``: one worker runs them all and sets the fixture up once, instead of
+    every worker setting it up for its share of the module."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None or item.get_closest_marker("xdist_group") is not None:
+            continue
+        scopes = {defs[-1].scope for defs in info.name2fixturedefs.values() if defs}
+        if "module" in scopes:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 def free_port_pair() -> int:
     """A port P with P and P+1 free on 127.0.0.1 right now (`etcdfence etcd --listen`:
     client port P, peer port P+1)."""

@@ -239,6 +239,7 @@ def failover_seconds(run: Run, lost_at: float, new_pid: int) -> float:
 # ---------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # the standby sends within TTL + 2 s
 @pytest.mark.parametrize("fencing", [True, False], ids=["fenced", "control"])
 def test_a_beat_frozen_holding_a_message_past_its_ttl(
     run: Run, etcd_client: ef.Client, fencing: bool
@@ -276,6 +277,7 @@ def test_a_beat_frozen_holding_a_message_past_its_ttl(
         assert counts["duplicates"] >= 1, f"the control saw no violation: {counts}"
 
 
+@pytest.mark.serial  # the standby sends within TTL + 2 s
 @pytest.mark.parametrize(
     ("fencing", "window"),
     [(True, None), (True, 0), (False, None)],
@@ -336,6 +338,7 @@ def _supervised_beat(run: Run, election: str) -> subprocess.Popen[str]:
     return supervisor
 
 
+@pytest.mark.serial  # TTL-bound hand-overs and freezes on a loaded machine
 def test_a_beat_under_etcdfence_run_takes_the_supervisors_token(
     run: Run, etcd_client: ef.Client
 ) -> None:
@@ -365,6 +368,7 @@ def _ppid(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
+@pytest.mark.serial  # TTL-bound hand-overs and freezes on a loaded machine
 @pytest.mark.parametrize("broker", ["redis"], indirect=True)
 def test_a_supervised_beat_stops_publishing_at_its_lease_deadline(
     run: Run, etcd_client: ef.Client
@@ -737,6 +741,7 @@ def _delete_exchange(url: str, name: str) -> None:
 # -- pruning the workers' slot keys ------------------------------------------------------
 
 
+@pytest.mark.serial  # TTL-bound hand-overs and freezes on a loaded machine
 @pytest.mark.parametrize("broker", ["redis"], indirect=True)
 def test_the_next_leader_prunes_the_old_terms_slot_keys_and_none_applies_again(
     run: Run, etcd_client: ef.Client

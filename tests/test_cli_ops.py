@@ -421,6 +421,7 @@ def test_probes_and_metrics_and_readyz_flips_within_the_margin_on_leader_loss(
     assert stop(a) == 0
 
 
+@pytest.mark.serial  # /readyz turns 503 before TTL
 @pytest.mark.integration
 def test_readyz_turns_503_and_healthz_stays_200_when_etcd_is_cut_off(
     etcd_endpoints: list[str], etcd_namespace: str, procs: list[Any]
@@ -641,6 +642,7 @@ def test_lease_loss_reason_is_shown_by_default_and_info_with_v(
     assert "etcdfence: info: etcdfence.leader_elected" in verbose.stderr, verbose.stderr
 
 
+@pytest.mark.serial  # a 3 s timeout must end under 4 s
 @pytest.mark.integration
 def test_environment_timeouts_are_honoured(env: dict[str, str], etcd_namespace: str) -> None:
     listening_nowhere = socket.socket()

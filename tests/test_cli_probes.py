@@ -125,6 +125,7 @@ def test_readyz_and_leader_gauges_flip_together_when_a_stop_signal_arrives(
     assert proc.wait(20) == 0
 
 
+@pytest.mark.serial  # the old gauges turn 0 within 2 s
 @pytest.mark.integration
 def test_after_a_forced_failover_only_the_new_leader_exports_is_leader_1(
     env: dict[str, str],
@@ -230,6 +231,7 @@ def test_healthz_fails_only_when_a_loop_stops_ticking() -> None:
 # ----------------------------------------- 7. an etcd restart: no waiting behind oneself
 
 
+@pytest.mark.serial  # waits under TTL/2 behind its own key
 @pytest.mark.integration
 def test_after_an_etcd_restart_the_supervisor_takes_back_its_own_stale_key(
     procs: list[Any],

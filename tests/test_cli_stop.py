@@ -261,6 +261,7 @@ def thaw_and_end(log: Path, procs: list[subprocess.Popen[str]]) -> None:
         group.rmdir()
 
 
+@pytest.mark.serial  # the stop ends within budget + 0.5 s
 @pytest.mark.timeout(90)
 @pytest.mark.skipif(not freezer_writable(), reason="needs root and a cgroup-v1 freezer")
 @pytest.mark.parametrize("how", ["sigterm", "command-exits", "key-deleted"])
@@ -341,6 +342,7 @@ def lock_hostile(
     return spawn(args, "a", log, mode, endpoint, err)
 
 
+@pytest.mark.serial  # a stop bounded by --grace + 4 s
 @pytest.mark.timeout(60)
 def test_lock_kills_a_command_still_running_grace_after_sigterm_and_releases(
     etcd_endpoints: list[str], etcd_namespace: str, etcd_client: ef.Client, tmp_path: Path
@@ -373,6 +375,7 @@ def test_lock_kills_a_command_still_running_grace_after_sigterm_and_releases(
         end_trees(log, [proc])
 
 
+@pytest.mark.serial  # a stop bounded by --grace + 4 s
 @pytest.mark.timeout(60)
 def test_lock_starts_no_kill_timer_on_sighup(
     etcd_endpoints: list[str], etcd_namespace: str, etcd_client: ef.Client, tmp_path: Path
@@ -395,6 +398,7 @@ def test_lock_starts_no_kill_timer_on_sighup(
         end_trees(log, [proc])
 
 
+@pytest.mark.serial  # a stop bounded by --grace + 4 s
 @pytest.mark.timeout(90)
 @pytest.mark.skipif(not freezer_writable(), reason="needs root and a cgroup-v1 freezer")
 @pytest.mark.parametrize("how", ["sigterm", "command-exits"])
@@ -442,6 +446,7 @@ def reaper_of(pid: int) -> int:
         return int(fh.read().rsplit(") ", 1)[1].split()[1])
 
 
+@pytest.mark.serial  # a stop bounded by --grace + 4 s
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not freezer_writable(), reason="needs root and a cgroup-v1 freezer")
 def test_lock_with_a_reaper_stuck_in_the_kernel_ends_its_stop_within_the_budget(
@@ -479,6 +484,7 @@ def test_lock_with_a_reaper_stuck_in_the_kernel_ends_its_stop_within_the_budget(
         thaw_and_end(log, [proc])
 
 
+@pytest.mark.serial  # a stop bounded by --grace + 4 s
 @pytest.mark.timeout(60)
 def test_lock_sigterm_while_acquiring_through_a_partition_ends_within_the_budget(
     etcd_endpoints: list[str], etcd_namespace: str, etcd_client: ef.Client, tmp_path: Path
@@ -514,6 +520,7 @@ def test_lock_sigterm_while_acquiring_through_a_partition_ends_within_the_budget
             holder.close()
 
 
+@pytest.mark.serial  # a stop bounded by --grace + 4 s
 @pytest.mark.timeout(60)
 def test_lock_sigterm_during_the_release_after_the_command_exited_ends_within_the_budget(
     etcd_endpoints: list[str], etcd_namespace: str, tmp_path: Path

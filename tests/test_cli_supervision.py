@@ -123,6 +123,7 @@ def test_lock_stops_background_jobs_the_command_left_before_releasing(
 # ------------------------------------------------- 2. a SIGKILLed supervisor orphans nothing
 
 
+@pytest.mark.serial  # the group is dead before TTL - 0.3 s
 @pytest.mark.integration
 @pytest.mark.parametrize("command", ["lock", "run"])
 def test_sigkilled_supervisor_takes_the_whole_group_with_it(
@@ -248,6 +249,7 @@ exec(open(sys.argv[1]).read().replace("sys.argv[1]", "sys.argv[2]"))
 """
 
 
+@pytest.mark.serial  # the stop ends within its budget
 @pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_run_stops_within_its_budget_when_etcd_is_blackholed_at_sigterm(
@@ -810,6 +812,7 @@ def test_no_descendant_outlives_the_lease_however_it_hides(
             contest.cleanup()
 
 
+@pytest.mark.serial  # the daemon is dead within the TTL
 @pytest.mark.integration
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("containment", CONTAINMENTS)

@@ -115,6 +115,7 @@ def test_leader_job_runs_on_one_node_at_a_time(env: dict[str, str], etcd_namespa
         assert kv is not None and json.loads(kv.value)["by"] == "second"
 
 
+@pytest.mark.serial  # the handover takes under 5 s
 @pytest.mark.integration
 def test_apscheduler_leader_runs_jobs_on_one_replica_and_hands_over(
     env: dict[str, str], etcd_namespace: str

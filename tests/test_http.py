@@ -1081,6 +1081,7 @@ def _chunk(data: bytes) -> bytes:
     ],
     ids=["reset-at-a-chunk-boundary", "eof-after-lookalike", "split-last-chunk", "trailer"],
 )
+@pytest.mark.serial  # cut off within 1.5 s of the session deadline
 def test_the_slow_sink_knows_a_whole_chunked_body(
     sends: list[bytes], reset: bool, whole: int | None
 ) -> None:
@@ -1171,6 +1172,7 @@ def _check_cut_off(sink: SlowSink, raised_at: float, deadline: float) -> None:
     assert raised_at - deadline < 1.5, (raised_at, deadline)
 
 
+@pytest.mark.serial  # cut off within 1.5 s of the session deadline
 @pytest.mark.integration
 @pytest.mark.parametrize("shape", ["bytes", "iterator", "file", "multipart"])
 def test_an_upload_of_any_shape_is_cut_off_at_the_session_deadline(
@@ -1194,6 +1196,7 @@ def test_an_upload_of_any_shape_is_cut_off_at_the_session_deadline(
         sink.close()
 
 
+@pytest.mark.serial  # cut off within 1.5 s of the session deadline
 @pytest.mark.integration
 @pytest.mark.parametrize("shape", ["bytes", "async-iterator", "multipart"])
 async def test_async_upload_of_any_shape_is_cut_off_at_the_session_deadline(
@@ -1213,6 +1216,7 @@ async def test_async_upload_of_any_shape_is_cut_off_at_the_session_deadline(
         sink.close()
 
 
+@pytest.mark.serial  # cut off within 1.5 s of the session deadline
 @pytest.mark.integration
 def test_a_stalled_upload_is_cut_off_at_the_session_deadline(
     etcd_namespace: str, etcd_endpoints: list[str]

@@ -215,6 +215,7 @@ def test_helpers_are_thread_safe(registry: object) -> None:
     assert total == threads * per_thread
 
 
+@pytest.mark.serial  # a CPU-time bound per call
 def test_disabled_hot_path_is_cheap() -> None:
     metrics.disable_metrics()
     n = 100_000

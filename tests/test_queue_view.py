@@ -39,6 +39,12 @@ async def _enqueue_crowd(api: Api, name: str, sessions: list[Any]) -> list[async
     return tasks
 
 
+def _view_users(client: Any, name: str) -> int:
+    """How many of ``client``'s waiters are in its view of ``name``'s queue (0: none)."""
+    view = client.connection.queues._views.get((name + "/").encode())
+    return 0 if view is None else int(view.users)
+
+
 async def _count_is(api: Api, name: str, n: int) -> bool:
     return len(await keys_under(api, name)) == n
 
@@ -53,8 +59,10 @@ async def test_a_crowd_acquires_in_queue_order_one_at_a_time_through_one_view(
     try:
         first = await api(holder.lock(name).acquire)
         tasks = await _enqueue_crowd(api, name, sessions)
-        # a waiter joins the view once its enqueue's reply is in: its key may show first
-        await poll(lambda: len(client.connection.queues) >= 1, 10, "the crowd's view")
+        # a waiter's key is in etcd before the waiter, resumed, joins the view: wait for
+        # the whole crowd (all but the first waiter) to be in the one view
+        crowd = len(sessions) - 1
+        await poll(lambda: _view_users(client, name) == crowd, 10, "the crowd in its view")
         assert len(client.connection.queues) == 1, "one view for the whole crowd"
         # the classic first waiter watches the key ahead; the crowd adds one prefix watch
         assert len(client.connection.watches) <= 2

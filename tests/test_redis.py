@@ -340,6 +340,7 @@ def test_tampered_marks_are_errors_not_zero(r: Any, resource: str) -> None:
     assert r.exists(k(resource, "a")) == 0
 
 
+@pytest.mark.serial  # SCRIPT FLUSH is server-wide
 def test_noscript_after_script_flush_recovers(r: Any, resource: str) -> None:
     fence = RedisFence(r, resource)
     fence.put(1, k(resource, "a"), "1")
@@ -392,6 +393,7 @@ def test_importing_etcdfence_does_not_import_redis() -> None:
 # --------------------------------------------------------------------------- async
 
 
+@pytest.mark.serial  # SCRIPT FLUSH is server-wide
 async def test_async_semantics(ar: Any, resource: str, r: Any) -> None:
     fence = AsyncRedisFence(ar, resource)
     await fence.txn(7, [Put(k(resource, "a"), "1"), Put(k(resource, "b"), "1")])
@@ -799,6 +801,7 @@ async def test_cancelled_put_leaves_mark_and_data_consistent(r: Any, resource: s
         await client.aclose()
 
 
+@pytest.mark.serial  # CLIENT PAUSE holds every client's writes
 async def test_cancelled_put_in_a_paused_server(ar: Any, r: Any, resource: str) -> None:
     """The request reached Redis, which holds writes (CLIENT PAUSE WRITE): cancelling
     moves the writer on; afterwards the mark and the data agree."""
@@ -1170,6 +1173,7 @@ def test_a_claim_against_a_refusal_applies_only_if_mark_and_version_are_unchange
     assert owner.current_mark() == (5, mark[1] + 1)
 
 
+@pytest.mark.serial  # gives up between 4.5 and 8 s
 @pytest.mark.parametrize("twin", ["sync", "async"])
 def test_fence_off_on_a_down_redis_resends_until_its_timeout_and_says_not_fenced(
     twin: str,

@@ -152,15 +152,25 @@ def _via(proxy: FaultProxy, db: DB, **kw: Any) -> Any:
     return conn
 
 
-def _lock_waiters(db: DB) -> int:
+def _session_id(db: DB, conn: Any) -> int:
+    """The server's id of ``conn``'s session (PostgreSQL backend pid, MariaDB thread id)."""
+    return int(conn.info.backend_pid if db.dialect == "postgresql" else conn.thread_id())
+
+
+def _waits_on_a_lock(db: DB, session: int) -> bool:
+    """Whether the session ``session`` waits on a lock now. Only that one: other tests
+    (other pytest-xdist workers) share the database server and its lock waits."""
     if db.dialect == "postgresql":
         sql = (
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND datname = current_database()"
+            f" AND pid = {int(session)}"
         )
     else:
-        sql = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
-    return int(db.query(sql)[0][0])
+        sql = (
+            "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+            f" AND trx_mysql_thread_id = {int(session)}"
+        )
+    return int(db.query(sql)[0][0]) > 0
 
 
 def _until(predicate: Any, timeout: float = 20.0) -> None:
@@ -227,10 +237,11 @@ def test_held_commit_blocks_later_writes_until_it_lands(server_db: DB) -> None:
         assert type(info.value.__cause__).__module__.startswith(driver_error)
         # ... and fencing off waits for the held COMMIT too.
         fence_b = db.fence()
+        session_b = _session_id(db, fence_b.connection)
         fenced: list[object] = []
         thread_b = threading.Thread(target=lambda: fenced.append(fence_b.fence_off(r, T)))
         thread_b.start()
-        _until(lambda: _lock_waiters(db) >= 1)
+        _until(lambda: _waits_on_a_lock(db, session_b))
         assert fenced == []  # blocked on the row lock A's transaction holds
         proxy.release()
         thread_b.join(30)

@@ -132,6 +132,7 @@ def test_a_watch_buffer_must_hold_two_batches(etcd_client: ef.Client, buffer: An
         etcd_client.watch("k", buffer=buffer)
 
 
+@pytest.mark.serial  # one process keeps 1,000 TTL-3 leases alive: it needs the CPU
 @pytest.mark.timeout(240)
 async def test_a_thousand_queued_waiters_use_one_watch_and_one_keepalive_stream(
     etcd_endpoints: list[str], etcd_namespace: str
