@@ -313,6 +313,8 @@ async def test_a_crowd_fails_at_once_when_its_view_cannot_follow_etcd(
             await poll(lambda: _has(direct, name, 2), timeout=10)
             tasks += [asyncio.ensure_future(s.lock(name).acquire()) for s in sessions[1:]]
             await poll(lambda: _has(direct, name, 4), timeout=10)
+            # the two crowd waiters join the view after their enqueue replies
+            await poll(lambda: _view_users(client, name) >= 2, 10, "the crowd in its view")
             view = client.connection.queues._views[(name + "/").encode()]
             await client.aclose()
             for task in tasks:
@@ -338,6 +340,8 @@ async def test_a_views_heap_stays_bounded_by_the_live_keys_behind_a_long_hold(
     try:
         await api(holder.lock(name).acquire)  # the long hold
         tasks = await _enqueue_crowd(api, name, sessions[:2])  # a lone waiter and a crowd
+        # the crowd's waiter joins the view after its enqueue reply (its key shows first)
+        await poll(lambda: _view_users(client, name) >= 1, 10, "the crowd in its view")
         view = client.connection.queues._views[(name + "/").encode()]
 
         async def churn(session: Any) -> None:
